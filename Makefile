@@ -1,0 +1,30 @@
+# The two entry points of README.md. Both build the same virtual environment first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test check bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# torch first and pinned: this version's CPU wheel lies on this machine's disk.
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/lah demo-transport
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q
+
+check: $(STAMP)
+	scripts/check
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/transport.py --quick
+
+clean:
+	rm -rf $(VENV)

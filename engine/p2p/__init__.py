@@ -1,0 +1,58 @@
+"""Peer-to-peer transport: WebRTC data channels carrying framed, flow-controlled RPC.
+
+Layers, bottom up (each imports only those below it):
+
+- ``errors``: the package's exception tree (drawn there).
+- ``identity``: Ed25519 keys on disk; peer id = hash of the public key.
+- ``descriptions``: SDP offers/answers signed by the sender's identity key.
+- ``signaling_protocol`` / ``signaling``: the coordinator's WebSocket schema and its client.
+- ``aiortc_patches`` / ``eventloop``: the one place that changes aiortc's behaviour (pinned to its
+  version), host candidate pinning, and uvloop where the platform has it.
+- ``framing``: sans-I/O frames and credit window; ``channel``: the same bound to a data channel.
+- ``rpc``: calls, streams, timeouts and cancellation over one channel.
+- ``connection``: one verified RTCPeerConnection per remote peer (dial/accept).
+- ``peer``: the node's facade: signaling + a bounded, idle-reaped pool of links + served methods.
+"""
+
+from .connection import Link, LinkConfig
+from .errors import (
+    ConnectError,
+    ConnectionLost,
+    IdentityError,
+    P2PError,
+    PeerMismatch,
+    PeerUnreachable,
+    ProtocolError,
+    RemoteError,
+    RpcCancelled,
+    RpcError,
+    RpcTimeout,
+    SignalingError,
+    UnknownMethod,
+)
+from .identity import Identity, peer_id_of
+from .peer import Peer
+from .rpc import CallContext, Handlers
+
+__all__ = [
+    "CallContext",
+    "ConnectError",
+    "ConnectionLost",
+    "Handlers",
+    "Identity",
+    "IdentityError",
+    "Link",
+    "LinkConfig",
+    "P2PError",
+    "Peer",
+    "PeerMismatch",
+    "PeerUnreachable",
+    "ProtocolError",
+    "RemoteError",
+    "RpcCancelled",
+    "RpcError",
+    "RpcTimeout",
+    "SignalingError",
+    "UnknownMethod",
+    "peer_id_of",
+]

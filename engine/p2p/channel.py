@@ -1,0 +1,163 @@
+"""Messages over one data channel: framing, credit and back-pressure, bound to the channel's events.
+
+The only I/O part of the framing layer (:mod:`engine.p2p.framing` holds the rules). It works with
+anything shaped like aiortc's RTCDataChannel (``send``, ``bufferedAmount``, the ``message``,
+``bufferedamountlow`` and ``close`` events), so tests can run it over an in-memory pair.
+
+Back-pressure has two stops on the sending side: credit (the receiver's window, so a slow reader
+stops us) and ``high_water`` on the channel's ``bufferedAmount`` (so aiortc's unbounded send queue
+never grows past it). Together they bound what the sender holds, however slow the receiver.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from .errors import ConnectionLost, ProtocolError
+from .framing import DATA_OVERHEAD, WINDOW, Buffer, Deframer, data_frames, message_size, parse_window, window_frame
+
+logger = logging.getLogger(__name__)
+
+MessageHandler = Callable[[bytearray], None]
+
+
+class DataChannelLike(Protocol):
+    bufferedAmountLowThreshold: int
+
+    @property
+    def bufferedAmount(self) -> int: ...
+
+    @property
+    def readyState(self) -> str: ...
+
+    def send(self, data: bytes) -> None: ...
+
+    def close(self) -> None: ...
+
+    def on(self, event: str, f: Callable[..., Any] | None = None) -> Any: ...
+
+
+class FramedChannel:
+    def __init__(
+        self,
+        channel: DataChannelLike,
+        on_message: MessageHandler,
+        *,
+        max_frame: int,
+        window: int = 64 << 20,
+        max_message_bytes: int = 32 << 20,
+        high_water: int = 1 << 20,
+        on_failure: Callable[[BaseException], None] | None = None,
+    ) -> None:
+        self.channel = channel
+        self.on_message = on_message
+        self.on_failure = on_failure
+        self.max_frame = max_frame
+        self.max_message_bytes = max_message_bytes
+        self.high_water = high_water
+        self.deframer = Deframer(window=window, max_message_bytes=max_message_bytes)
+        self.credit = window
+        self.in_progress_budget = window // 2
+        self.in_progress = 0
+        self.peak_buffered = 0
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        self.error: BaseException | None = None
+        self._ids = itertools.count(1)
+        self._credit_changed = asyncio.Event()
+        self._drained = asyncio.Event()
+        self._budget_changed = asyncio.Event()
+        channel.bufferedAmountLowThreshold = high_water // 2
+        channel.on("message", self._on_frame)
+        channel.on("bufferedamountlow", self._drained.set)
+        channel.on("close", self._on_close)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    async def send(self, pieces: Sequence[Buffer]) -> None:
+        """Send one message; returns when its last frame is handed to the channel."""
+        size = message_size(pieces)
+        if size > self.max_message_bytes:
+            raise ValueError(f"message of {size} bytes is over the {self.max_message_bytes} byte limit")
+        while self.in_progress and self.in_progress + size > self.in_progress_budget:
+            self._raise_if_failed()
+            self._budget_changed.clear()
+            await self._budget_changed.wait()
+        self.in_progress += size
+        try:
+            message_id = next(self._ids) & 0xFFFFFFFF
+            for frame in data_frames(message_id, pieces, self.max_frame):
+                payload = len(frame) - (DATA_OVERHEAD if frame[1] & 1 else DATA_OVERHEAD - 8)
+                while self.credit < payload:
+                    self._raise_if_failed()
+                    self._credit_changed.clear()
+                    await self._credit_changed.wait()
+                while self.channel.bufferedAmount > self.high_water:
+                    self._raise_if_failed()
+                    self._drained.clear()
+                    await self._drained.wait()
+                self._raise_if_failed()
+                self.credit -= payload
+                self.channel.send(frame)
+                self.bytes_sent += len(frame)
+                buffered = self.channel.bufferedAmount
+                if buffered > self.peak_buffered:
+                    self.peak_buffered = buffered
+        finally:
+            self.in_progress -= size
+            self._budget_changed.set()
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise ConnectionLost(f"channel closed: {self.error}") from self.error
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def _on_frame(self, frame: bytes | str) -> None:
+        if self.error is not None:
+            return
+        try:
+            if not isinstance(frame, bytes):
+                raise ProtocolError("text frame on a binary channel")
+            self.bytes_received += len(frame)
+            if frame[:1] == bytes([WINDOW]):
+                self.credit += parse_window(frame)
+                self._credit_changed.set()
+                return
+            completed, _ = self.deframer.feed(frame)
+        except ProtocolError as e:
+            self.fail(e)
+            return
+        for _, buffer in completed:
+            self.on_message(buffer)
+
+    def release(self, size: int) -> None:
+        """The application is done holding a received message of ``size`` bytes."""
+        increment = self.deframer.release(size)
+        if increment and self.error is None and self.channel.readyState == "open":
+            self.channel.send(window_frame(increment))
+
+    # -- failure ---------------------------------------------------------------------------------
+
+    def fail(self, error: BaseException) -> None:
+        """Stop: wake every waiting sender with ConnectionLost, close the channel, tell the owner."""
+        if self.error is not None:
+            return
+        self.error = error
+        for event in (self._credit_changed, self._drained, self._budget_changed):
+            event.set()
+        if self.channel.readyState not in ("closing", "closed"):
+            self.channel.close()
+        if self.on_failure is not None:
+            self.on_failure(error)
+
+    def _on_close(self) -> None:
+        self.fail(ConnectionLost("data channel closed"))
+
+    @property
+    def transport_buffered(self) -> int:
+        return self.channel.bufferedAmount

@@ -1,0 +1,157 @@
+"""Client of the coordinator's signaling socket (see :mod:`engine.p2p.signaling_protocol`).
+
+It authenticates with the node's identity, keeps the socket up (reconnecting with capped backoff
+after a network change), hands relayed descriptions to the connection layer and routes the hub's
+errors back to whoever sent the message they refer to, so a dial to an offline peer fails at once
+instead of waiting out its timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections import OrderedDict
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+
+from . import signaling_protocol as sp
+from .descriptions import SignedDescription
+from .errors import PeerUnreachable, SignalingError
+from .identity import Identity
+
+logger = logging.getLogger(__name__)
+
+SignalHandler = Callable[[sp.Signal], None]
+ErrorHandler = Callable[[sp.Error], None]
+MAX_WATCHED = 1024
+
+
+class SignalingClient:
+    def __init__(
+        self,
+        url: str,
+        identity: Identity,
+        on_signal: SignalHandler,
+        *,
+        connect_timeout: float = 10.0,
+        max_backoff: float = 30.0,
+    ) -> None:
+        self.url = url
+        self.identity = identity
+        self.on_signal = on_signal
+        self.connect_timeout = connect_timeout
+        self.max_backoff = max_backoff
+        self.ice_servers: list[sp.IceServer] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+        self._watchers: OrderedDict[int, ErrorHandler] = OrderedDict()
+        self._closed = False
+        self.connected = asyncio.Event()
+
+    async def connect(self) -> None:
+        """Connect and authenticate once; raise SignalingError if that fails."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession()
+        await self._open()
+        self._reader = asyncio.create_task(self._run(), name="signaling-reader")
+
+    async def _open(self) -> None:
+        assert self._session is not None
+        try:
+            async with asyncio.timeout(self.connect_timeout):
+                ws = await self._session.ws_connect(self.url, max_msg_size=sp.MAX_FRAME_BYTES, heartbeat=20.0)
+                challenge = sp.client_decoder.decode(await ws.receive_str())
+                if not isinstance(challenge, sp.Challenge):
+                    raise SignalingError(f"expected a challenge, got {type(challenge).__name__}")
+                hello = sp.Hello(
+                    public_key=self.identity.public_key, signature=self.identity.sign(sp.DOMAIN + challenge.nonce)
+                )
+                await ws.send_str(sp.encode(hello))
+                reply = sp.client_decoder.decode(await ws.receive_str())
+        except (TimeoutError, aiohttp.ClientError, msgspec.DecodeError, TypeError) as e:
+            raise SignalingError(f"cannot join signaling at {self.url}: {e!r}") from e
+        if isinstance(reply, sp.Error):
+            await ws.close()
+            raise SignalingError(f"signaling refused us: {reply.code}: {reply.message}")
+        if not isinstance(reply, sp.Welcome) or reply.peer_id != self.identity.peer_id:
+            await ws.close()
+            raise SignalingError("signaling answered the hello with something else than our welcome")
+        self.ice_servers = list(reply.ice_servers)
+        self._ws = ws
+        self.connected.set()
+
+    async def _run(self) -> None:
+        backoff = 1.0
+        while not self._closed:
+            ws = self._ws
+            if ws is not None:
+                await self._read(ws)
+                self.connected.clear()
+                self._ws = None
+            if self._closed:
+                return
+            await asyncio.sleep(backoff)
+            try:
+                await self._open()
+                backoff = 1.0
+            except SignalingError as e:
+                logger.info("signaling reconnect failed (%s); next try in %.0f s", e, backoff)
+                backoff = min(backoff * 2, self.max_backoff)
+
+    async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                continue
+            try:
+                message = sp.client_decoder.decode(msg.data)
+            except msgspec.DecodeError as e:
+                logger.warning("ignoring a malformed signaling message: %s", e)
+                continue
+            if isinstance(message, sp.Signal):
+                self.on_signal(message)
+            elif isinstance(message, sp.Error):
+                handler = self._watchers.pop(message.ref, None) if message.ref is not None else None
+                if handler is not None:
+                    handler(message)
+                else:
+                    logger.warning("signaling error: %s: %s", message.code, message.message)
+
+    async def send(self, to: str, description: SignedDescription, on_error: ErrorHandler | None = None) -> int:
+        ws = self._ws
+        if ws is None or ws.closed:
+            raise SignalingError("not connected to signaling")
+        msg_id = next(self._ids)
+        if on_error is not None:
+            self._watchers[msg_id] = on_error
+            while len(self._watchers) > MAX_WATCHED:
+                self._watchers.popitem(last=False)
+        try:
+            await ws.send_str(sp.encode(sp.Signal(id=msg_id, to=to, description=description)))
+        except ConnectionError as e:
+            self._watchers.pop(msg_id, None)
+            raise SignalingError(f"signaling socket failed: {e}") from e
+        return msg_id
+
+    def forget(self, msg_id: int) -> None:
+        self._watchers.pop(msg_id, None)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._ws is not None:
+            await self._ws.close()
+        if self._reader is not None:
+            self._reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
+        if self._session is not None:
+            await self._session.close()
+
+
+def unreachable(error: sp.Error) -> PeerUnreachable:
+    return PeerUnreachable(f"{error.code}: {error.message}")

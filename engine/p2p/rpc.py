@@ -282,8 +282,7 @@ class RpcEndpoint:
 
 
 def reply_compression(msg: Message) -> CompressionArg:
-    """Handlers choose reply compression per message through the ``_compression`` attribute."""
-    return getattr(msg, "compression", Compression.NONE)
+    return msg.compression
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:

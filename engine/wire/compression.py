@@ -1,0 +1,171 @@
+"""Lossy tensor compression: pure functions, no framing, no I/O.
+
+Expert activations and gradients dominate volunteer upload bandwidth, and they
+tolerate small, *bounded* errors.  Every scheme here therefore states its error
+bound, and the tests check it element by element.
+
+float16 (2 bytes/element)
+    For |x| in float16's normal range [2**-14, 65504]:
+    ``|x - x̂| <= |x| * 2**-11`` (round to nearest).  float64 inputs get
+    ``|x| * (2**-11 + 2**-24)``: torch casts them via float32, rounding twice.
+    Below 2**-14 precision degrades to an absolute error of at most 2**-25
+    (subnormals, then flush to zero).
+    NaN and ±inf pass through unchanged.  A *finite* input that would round to
+    ±inf (|x| >= 65520) raises ``EncodeError``: silently turning a large
+    gradient into inf would poison the receiving optimizer, so the sender must
+    decide (clip, or send uncompressed).
+
+int8 blockwise absmax (1 byte/element + 4 bytes/block)
+    The flattened tensor is split into blocks of ``block_size`` elements (the
+    last block is conceptually zero-padded; padding is never sent).  Per block,
+    ``scale = float32(absmax / 127)`` and ``q = clamp(round(x / scale), ±127)``.
+    Payload layout: ``[scales: float32 LE * n_blocks][q: int8 * numel]``.
+    A block of zeros has scale 0 and decodes to zeros.
+    Bound, for every element, with ``absmax`` the block's max |x|, ``u`` the unit
+    roundoff of the output dtype (2**-24 f32, 2**-53 f64, 2**-11 f16, 2**-8 bf16)
+    and ``s`` the output dtype's smallest subnormal::
+
+        |x - x̂| <= absmax/254 * (1 + 1e-6) + absmax * u + s + 2**-140
+
+        (+ absmax * 2**-22 for float32, float16 and bfloat16 inputs)
+
+    i.e. half a quantization step, plus one rounding into the output dtype, plus
+    a tiny absolute term covering scales that underflow float32.  float64 inputs
+    are worked in float64 so ``q * scale`` is exact before the final rounding;
+    the narrower dtypes are worked in float32 (four times faster, which is what
+    keeps quantization off the transport's critical path), whose division and
+    product each add at most ``absmax * 2**-23``: the extra term above. Results
+    saturate at the dtype's max, so 127 * scale never becomes inf.
+    Inputs must be finite (``EncodeError`` otherwise): one inf makes
+    the whole block's scale inf and destroys it.  float64 blocks whose absmax
+    exceeds float32 range * 127 cannot be represented and raise ``EncodeError``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .errors import EncodeError
+
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "MAX_BLOCK_SIZE",
+    "MIN_BLOCK_SIZE",
+    "dequantize_int8",
+    "from_float16",
+    "int8_payload_nbytes",
+    "is_valid_block_size",
+    "n_blocks",
+    "quantize_int8",
+    "to_float16",
+]
+
+DEFAULT_BLOCK_SIZE = 4096
+MIN_BLOCK_SIZE = 64
+MAX_BLOCK_SIZE = 1 << 20
+
+# Rows of blocks processed per step: bounds float64 temporaries to ~16 MiB regardless of tensor size.
+_CHUNK_ELEMENTS = 1 << 21
+
+
+def is_valid_block_size(block_size: int) -> bool:
+    """Power of two keeps block boundaries cheap; the range keeps scale overhead and error sane."""
+    return (
+        isinstance(block_size, int)
+        and not isinstance(block_size, bool)
+        and MIN_BLOCK_SIZE <= block_size <= MAX_BLOCK_SIZE
+        and block_size & (block_size - 1) == 0
+    )
+
+
+def n_blocks(numel: int, block_size: int) -> int:
+    """Shared by encoder and decoder so both agree on payload size without touching data."""
+    return -(-numel // block_size)
+
+
+def int8_payload_nbytes(numel: int, block_size: int) -> int:
+    """Lets the decoder validate a claimed payload size before allocating anything."""
+    return 4 * n_blocks(numel, block_size) + numel
+
+
+def _require_float(t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise EncodeError(f"compression needs a floating tensor, got {t.dtype}")
+
+
+def to_float16(t: torch.Tensor) -> torch.Tensor:
+    """Halves bandwidth; refuses to silently turn large finite values into inf."""
+    _require_float(t)
+    h = t.to(torch.float16)
+    if t.dtype != torch.float16 and bool((torch.isinf(h) & torch.isfinite(t)).any()):
+        raise EncodeError("finite values overflow float16 (|x| >= 65520); clip or send uncompressed")
+    return h
+
+
+def from_float16(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Restores the sender's dtype so receivers never see the compression choice."""
+    return h.to(dtype)
+
+
+def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(scales float32[n_blocks], q int8[numel])``; see the module docstring for the bound."""
+    _require_float(t)
+    if not is_valid_block_size(block_size):
+        raise EncodeError(f"block_size must be a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]")
+    flat = t.detach().reshape(-1)
+    numel = flat.numel()
+    nb = n_blocks(numel, block_size)
+    scales = torch.empty(nb, dtype=torch.float32)
+    q = torch.empty(numel, dtype=torch.int8)
+    if numel == 0:
+        return scales, q
+    if not bool(torch.isfinite(flat).all()):
+        raise EncodeError("int8 quantization needs finite values (found NaN or inf)")
+    work = torch.float64 if flat.dtype == torch.float64 else torch.float32
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
+    for first in range(0, nb, rows_per_chunk):
+        last = min(nb, first + rows_per_chunk)
+        lo, hi = first * block_size, min(numel, last * block_size)
+        x = flat[lo:hi].to(work)
+        pad = (last - first) * block_size - (hi - lo)
+        if pad:
+            x = torch.cat([x, x.new_zeros(pad)])
+        blocks = x.view(last - first, block_size)
+        s32 = (blocks.abs().amax(dim=1) / 127).to(torch.float32)
+        if not bool(torch.isfinite(s32).all()):
+            raise EncodeError("block absmax exceeds what a float32 scale can represent")
+        s = s32.to(work).unsqueeze(1)
+        # A zero scale means every |x| in the block is below float32's reach; q = 0 is within the bound.
+        divisor = torch.where(s > 0, s, torch.ones_like(s))
+        qb = torch.round(blocks / divisor).clamp_(-127, 127).to(torch.int8)
+        scales[first:last] = s32
+        q[lo:hi] = qb.view(-1)[: hi - lo]
+    return scales, q
+
+
+def dequantize_int8(
+    scales: torch.Tensor, q: torch.Tensor, dtype: torch.dtype, block_size: int = DEFAULT_BLOCK_SIZE
+) -> torch.Tensor:
+    """Inverse of ``quantize_int8``; returns a fresh flat tensor of ``dtype``.
+
+    Callers (the decoder) must already have checked that ``scales`` has exactly
+    ``n_blocks(q.numel(), block_size)`` entries; this function trusts its inputs.
+    """
+    numel = q.numel()
+    out = torch.empty(numel, dtype=dtype)
+    work = torch.float64 if dtype == torch.float64 else torch.float32
+    # 127 * float32(absmax / 127) can land just past the dtype's max; saturate rather than emit inf.
+    top = torch.finfo(dtype).max
+    nb = scales.numel()
+    rows_per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
+    for first in range(0, nb, rows_per_chunk):
+        last = min(nb, first + rows_per_chunk)
+        lo, hi = first * block_size, min(numel, last * block_size)
+        rows = last - first
+        if hi - lo == rows * block_size:  # whole blocks: broadcast the scales instead of repeating them
+            prod = q[lo:hi].to(work).view(rows, block_size) * scales[first:last].to(work).unsqueeze(1)
+            out[lo:hi] = prod.view(-1).clamp_(-top, top).to(dtype)
+        else:
+            s = scales[first:last].to(work).repeat_interleave(block_size)[: hi - lo]
+            out[lo:hi] = (q[lo:hi].to(work) * s).clamp_(-top, top).to(dtype)
+    return out

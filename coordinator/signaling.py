@@ -105,13 +105,17 @@ class SignalingHub:
                 error = sp.Error(code="unknown_peer", message=f"peer {signal.to[:12]} is not online", ref=signal.id)
                 await ws.send_str(sp.encode(error))
                 continue
-            relayed = msgspec.structs.replace(signal, sender=peer_id)
+            relayed = self.stamp(signal, peer_id)
             try:
                 await target.send_str(sp.encode(relayed))
                 self.stats.relayed += 1
             except ConnectionError:
                 error = sp.Error(code="unknown_peer", message=f"peer {signal.to[:12]} went away", ref=signal.id)
                 await ws.send_str(sp.encode(error))
+
+    def stamp(self, signal: sp.Signal, sender: str) -> sp.Signal:
+        """The relayed copy, with the authenticated sender; tests override it to play a hostile hub."""
+        return msgspec.structs.replace(signal, sender=sender)
 
     @staticmethod
     async def _refuse(ws: web.WebSocketResponse, code: str, message: str) -> None:

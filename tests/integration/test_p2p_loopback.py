@@ -1,0 +1,172 @@
+"""Real aiortc connections on loopback, made through the real signaling endpoint."""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+from coordinator.app import RunningCoordinator
+from engine.p2p import (
+    CallContext,
+    ConnectionLost,
+    Handlers,
+    PeerUnreachable,
+    RpcTimeout,
+    UnknownMethod,
+)
+from engine.wire import Compression, Kind, Message
+from tests.integration.conftest import MakePeer
+
+
+def echo_handlers() -> Handlers:
+    handlers = Handlers()
+
+    async def echo(msg: Message, ctx: CallContext) -> Message:
+        return Message(Kind.RESPONSE, 0, fields={"from": ctx.peer_id, **msg.fields}, tensors=msg.tensors)
+
+    async def ticks(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        for i in range(int(msg.fields["n"])):
+            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[torch.arange(1000) + i])
+
+    async def hang(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        yield Message(Kind.STREAM, 0, fields={"i": 0})
+        await asyncio.sleep(3600)
+        yield Message(Kind.STREAM, 0)
+
+    handlers.add_unary("echo", echo)
+    handlers.add_stream("ticks", ticks)
+    handlers.add_stream("hang", hang)
+    return handlers
+
+
+async def test_call_stream_and_reuse(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer()
+    x = torch.randn(512, 1024)  # 2 MiB: several frames
+    reply = await client.call(server.peer_id, "echo", {"k": "v"}, [x], timeout=20)
+    assert reply.fields == {"from": client.peer_id, "k": "v"}
+    assert torch.equal(reply.tensors[0], x)
+    reply8 = await client.call(server.peer_id, "echo", {}, [x], timeout=20, compression=Compression.INT8)
+    assert (reply8.tensors[0] - x).abs().max() <= x.abs().max() / 127
+    got = [m.fields["i"] async for m in client.stream(server.peer_id, "ticks", {"n": 4}, timeout=20)]
+    assert got == [0, 1, 2, 3]
+    assert len(client.links) == 1 and len(server.links) == 1  # one connection, reused by every call
+    link = client.links[server.peer_id]
+    await asyncio.gather(*(client.call(server.peer_id, "echo", {"i": i}, timeout=20) for i in range(20)))
+    assert client.links[server.peer_id] is link
+
+
+async def test_both_directions_on_one_link(make_peer: MakePeer) -> None:
+    a = await make_peer(echo_handlers())
+    b = await make_peer(echo_handlers())
+    await a.call(b.peer_id, "echo", timeout=20)
+    reply = await b.call(a.peer_id, "echo", timeout=20)
+    assert reply.fields["from"] == b.peer_id
+    assert len(a.links) == len(b.links) == 1
+
+
+async def test_simultaneous_dials_end_with_one_link(make_peer: MakePeer) -> None:
+    a = await make_peer(echo_handlers())
+    b = await make_peer(echo_handlers())
+    await asyncio.gather(a.call(b.peer_id, "echo", timeout=20), b.call(a.peer_id, "echo", timeout=20))
+    await asyncio.sleep(0.2)
+    assert a.links[b.peer_id].usable and b.links[a.peer_id].usable
+
+
+async def test_unknown_peer_fails_fast(make_peer: MakePeer) -> None:
+    client = await make_peer()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(PeerUnreachable):
+        await client.call("ab" * 20, "echo", timeout=10)
+    assert loop.time() - started < 2
+
+
+async def test_unknown_method(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer()
+    with pytest.raises(UnknownMethod):
+        await client.call(server.peer_id, "no_such_method", timeout=20)
+
+
+async def test_peer_that_stops_answering_mid_stream(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer()
+    seen = []
+    with pytest.raises(RpcTimeout):
+        async for m in client.stream(server.peer_id, "hang", timeout=1.0):
+            seen.append(m.fields["i"])
+    assert seen == [0]
+    assert (await client.call(server.peer_id, "echo", {"ok": 1}, timeout=20)).fields["ok"] == 1
+
+
+async def test_link_is_reestablished_after_failure(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer()
+    await client.call(server.peer_id, "echo", timeout=20)
+    old = client.links[server.peer_id]
+    await server.links[client.peer_id].close()  # the remote end goes away
+    for _ in range(100):
+        if not old.usable:
+            break
+        await asyncio.sleep(0.05)
+    assert not old.usable
+    reply = await client.call(server.peer_id, "echo", {"again": True}, timeout=20)
+    assert reply.fields["again"] is True
+    assert client.links[server.peer_id] is not old
+
+
+async def test_idle_links_are_closed(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer(idle_timeout=0.5)
+    await client.call(server.peer_id, "echo", timeout=20)
+    link = client.links[server.peer_id]
+    for _ in range(60):
+        if server.peer_id not in client.links:
+            break
+        await asyncio.sleep(0.1)
+    assert server.peer_id not in client.links
+    for _ in range(50):
+        if link.pc.connectionState == "closed":
+            break
+        await asyncio.sleep(0.1)
+    assert link.pc.connectionState == "closed"
+
+
+async def test_pool_is_bounded(make_peer: MakePeer) -> None:
+    servers = [await make_peer(echo_handlers()) for _ in range(3)]
+    client = await make_peer(max_links=2)
+    for s in servers:
+        await client.call(s.peer_id, "echo", timeout=20)
+    assert len(client.links) == 2
+    assert servers[0].peer_id not in client.links  # least recently used went first
+
+
+async def test_malformed_frames_drop_only_that_peer(make_peer: MakePeer) -> None:
+    server = await make_peer(echo_handlers())
+    rogue = await make_peer()
+    honest = await make_peer()
+    await rogue.call(server.peer_id, "echo", timeout=20)
+    await honest.call(server.peer_id, "echo", timeout=20)
+    link = rogue.links[server.peer_id]
+    # The rogue writes garbage straight onto the data channel, below our framing.
+    link.data_channel.send(b"\x00\x03\x01\x00\x00\x00" + (4).to_bytes(8, "little") + b"junk")
+    for _ in range(100):
+        if rogue.peer_id not in server.links:
+            break
+        await asyncio.sleep(0.05)
+    assert rogue.peer_id not in server.links
+    with pytest.raises(ConnectionLost):
+        for _ in range(100):
+            await link.rpc.call("echo", timeout=5)
+            await asyncio.sleep(0.05)
+    assert (await honest.call(server.peer_id, "echo", {"still": "here"}, timeout=20)).fields["still"] == "here"
+
+
+async def test_coordinator_counts_relays(make_peer: MakePeer, coordinator: RunningCoordinator) -> None:
+    server = await make_peer(echo_handlers())
+    client = await make_peer()
+    await client.call(server.peer_id, "echo", timeout=20)
+    assert coordinator.hub.stats.relayed == 2  # one offer, one answer
+    assert set(coordinator.hub.online()) == {server.peer_id, client.peer_id}

@@ -187,7 +187,11 @@ class RpcEndpoint:
 
     async def _send(self, msg: Message, compression: CompressionArg) -> None:
         try:
-            pieces = encode_message(msg, compression, limits=self.limits)
+            if _worth_a_thread(msg, compression):
+                # Quantizing megabytes takes milliseconds; on the loop it would stall SCTP meanwhile.
+                pieces = await asyncio.to_thread(encode_message, msg, compression, limits=self.limits)
+            else:
+                pieces = encode_message(msg, compression, limits=self.limits)
         except EncodeError as e:
             raise RpcError(f"cannot encode {msg.method or msg.kind.name}: {e}") from e
         await self.channel.send(pieces)
@@ -279,6 +283,17 @@ class RpcEndpoint:
 
     def close(self) -> None:
         self.channel.fail(ConnectionLost("closed locally"))
+
+
+THREAD_ENCODE_ELEMENTS = 1 << 18
+
+
+def _worth_a_thread(msg: Message, compression: CompressionArg) -> bool:
+    if compression == Compression.NONE or (
+        not isinstance(compression, Compression) and all(c == Compression.NONE for c in compression)
+    ):
+        return False
+    return sum(t.numel() for t in msg.tensors) >= THREAD_ENCODE_ELEMENTS
 
 
 def reply_compression(msg: Message) -> CompressionArg:

@@ -230,7 +230,7 @@ async def _tcp_side(role: str, ctl: Connection, total: int, msg: int) -> None:
         server.close()
     else:
         port = await loop.run_in_executor(None, ctl.recv)
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
         ctl.send("ready")
         await loop.run_in_executor(None, ctl.recv)
         payload = os.urandom(msg)
@@ -252,8 +252,9 @@ def _cpu(*procs: mp.process.BaseProcess) -> float:
     return total
 
 
-def _measure_pair(sender: mp.process.BaseProcess, receiver: mp.process.BaseProcess, s_ctl: Connection,
-                  wait_end: Any) -> tuple[float, float, Any]:
+def _measure_pair(
+    sender: mp.process.BaseProcess, receiver: mp.process.BaseProcess, s_ctl: Connection, wait_end: Any
+) -> tuple[float, float, Any]:
     assert s_ctl.poll(120), "sender never became ready"
     assert s_ctl.recv() == "ready"
     cpu0 = _cpu(sender, receiver)
@@ -347,24 +348,31 @@ def _coordinator_thread() -> tuple[str, threading.Event]:
     stop = threading.Event()
     started = threading.Event()
 
-    async def main() -> None:
+    async def serve() -> None:
         running = await start("127.0.0.1", 0)
         ready["url"] = running.signaling_url
         started.set()
-        while not stop.is_set():
-            await asyncio.sleep(0.1)
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
         await running.stop()
 
-    threading.Thread(target=lambda: asyncio.run(main()), daemon=True).start()
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
     started.wait(30)
     return ready["url"], stop
 
 
+def _rate(case: dict[str, float]) -> str:
+    return f"{case['MBps']:.1f} MB/s, {case['cpu_ms_per_MiB']:.0f} CPU ms/MiB"
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--quick", action="store_true", help="64 MiB per case (within 60 s)")
     parser.add_argument("--mib", type=int, help="MiB per case (default 256, or 64 with --quick)")
-    parser.add_argument("--slow-mib", type=int, help="MiB to the slow reader (default 1024, or 48 with --quick)")
+    parser.add_argument(
+        "--slow-mib", type=int, help="MiB to the slow reader (default 1024, or 48 with --quick)"
+    )
     opts = parser.parse_args()
     total = (opts.mib or (64 if opts.quick else 256)) * MIB
     slow_total = (opts.slow_mib or (48 if opts.quick else 1024)) * MIB
@@ -373,16 +381,22 @@ def main() -> None:
     from engine.p2p.eventloop import loop_name
 
     stock = run_stock(ctx, total)
-    print(f"(a) stock aiortc, asyncio, 64 KiB: {stock['MBps']:.1f} MB/s, {stock['cpu_ms_per_MiB']:.0f} CPU ms/MiB", flush=True)
+    print(f"(a) stock aiortc, asyncio, 64 KiB: {_rate(stock)}", flush=True)
     project = run_project(ctx, url, {"total": total})
-    print(f"(b) project RPC raw ({loop_name()}): {project['MBps']:.1f} MB/s, {project['cpu_ms_per_MiB']:.0f} CPU ms/MiB", flush=True)
+    print(f"(b) project RPC raw ({loop_name()}): {_rate(project)}", flush=True)
     int8 = run_project(ctx, url, {"total": total, "int8": True})
-    print(f"(c) project RPC int8: {int8['MBps']:.1f} MB/s of float32, {int8['wire_MiB']:.1f} MiB on the wire", flush=True)
+    print(
+        f"(c) project RPC int8: {int8['MBps']:.1f} MB/s of float32, {int8['wire_MiB']:.1f} MiB on the wire",
+        flush=True,
+    )
     tcp = run_tcp(ctx, total)
     print(f"(d) asyncio TCP: {tcp['MBps']:.1f} MB/s, {tcp['cpu_ms_per_MiB']:.1f} CPU ms/MiB", flush=True)
     # A reader at about a third of the link's speed: 4 MiB messages, one at a time, 0.5 s each.
     slow = run_project(ctx, url, {"total": slow_total, "reader_delay": 0.5})
-    print(f"(e) slow reader: {slow_total // MIB} MiB, sender held at most {slow['peak_buffered_MiB']:.2f} MiB", flush=True)
+    print(
+        f"(e) slow reader: {slow_total // MIB} MiB, sender held at most {slow['peak_buffered_MiB']:.2f} MiB",
+        flush=True,
+    )
     stop.set()
     figures = {
         "stock_MBps": round(stock["MBps"], 2),

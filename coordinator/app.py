@@ -51,7 +51,9 @@ class RunningCoordinator:
         await self.runner.cleanup()
 
 
-async def start(host: str = "127.0.0.1", port: int = 0, ice_servers: Sequence[IceServer] = ()) -> RunningCoordinator:
+async def start(
+    host: str = "127.0.0.1", port: int = 0, ice_servers: Sequence[IceServer] = ()
+) -> RunningCoordinator:
     """Start the coordinator on the running loop; port 0 picks a free one."""
     runner = web.AppRunner(create_app(ice_servers), handle_signals=False)
     await runner.setup()

@@ -102,7 +102,9 @@ class SignalingHub:
             target = self.peers.get(signal.to)
             if target is None or target.closed:
                 self.stats.unknown_peer += 1
-                error = sp.Error(code="unknown_peer", message=f"peer {signal.to[:12]} is not online", ref=signal.id)
+                error = sp.Error(
+                    code="unknown_peer", message=f"peer {signal.to[:12]} is not online", ref=signal.id
+                )
                 await ws.send_str(sp.encode(error))
                 continue
             relayed = self.stamp(signal, peer_id)
@@ -110,7 +112,9 @@ class SignalingHub:
                 await target.send_str(sp.encode(relayed))
                 self.stats.relayed += 1
             except ConnectionError:
-                error = sp.Error(code="unknown_peer", message=f"peer {signal.to[:12]} went away", ref=signal.id)
+                error = sp.Error(
+                    code="unknown_peer", message=f"peer {signal.to[:12]} went away", ref=signal.id
+                )
                 await ws.send_str(sp.encode(error))
 
     def stamp(self, signal: sp.Signal, sender: str) -> sp.Signal:

@@ -18,7 +18,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from .errors import ConnectionLost, ProtocolError
-from .framing import DATA_OVERHEAD, WINDOW, Buffer, Deframer, data_frames, message_size, parse_window, window_frame
+from .framing import (
+    DATA_OVERHEAD,
+    WINDOW,
+    Buffer,
+    Deframer,
+    data_frames,
+    message_size,
+    parse_window,
+    window_frame,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +47,7 @@ class DataChannelLike(Protocol):
 
     def close(self) -> None: ...
 
-    def on(self, event: str, f: Callable[..., Any] | None = None) -> Any: ...
+    def on(self, event: str, f: Any) -> Any: ...
 
 
 class FramedChannel:

@@ -48,7 +48,9 @@ class LinkConfig:
     limits: Limits = field(default_factory=lambda: Limits(max_message_bytes=32 << 20))
 
     def rtc_configuration(self) -> RTCConfiguration:
-        servers = [RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in self.ice_servers]
+        servers = [
+            RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in self.ice_servers
+        ]
         return RTCConfiguration(iceServers=servers)
 
 
@@ -72,7 +74,10 @@ class Link:
         self.last_used = self.created_at
         self._on_closed = on_closed
         self._closing = False
-        max_frame = min(pc.sctp._remote_max_message_size or (1 << 18), 1 << 18) if pc.sctp else FALLBACK_MAX_MESSAGE
+        self._closer: asyncio.Future[None] | None = None
+        max_frame = (
+            min(pc.sctp._remote_max_message_size or (1 << 18), 1 << 18) if pc.sctp else FALLBACK_MAX_MESSAGE
+        )
 
         def make_channel(on_message: Callable[[bytearray], None]) -> FramedChannel:
             return FramedChannel(
@@ -108,7 +113,9 @@ class Link:
 
     def _state_changed(self) -> None:
         if self.pc.connectionState in ("failed", "closed"):
-            self.rpc.channel.fail(ConnectionLost(f"connection to {self.remote_id[:12]} {self.pc.connectionState}"))
+            self.rpc.channel.fail(
+                ConnectionLost(f"connection to {self.remote_id[:12]} {self.pc.connectionState}")
+            )
 
     def _failed(self, error: BaseException) -> None:
         logger.info("link to %s ends: %s", self.remote_id[:12], error)
@@ -118,7 +125,7 @@ class Link:
         if not self._closing:
             self._closing = True
             self._on_closed(self)
-            asyncio.ensure_future(self.pc.close())
+            self._closer = asyncio.ensure_future(self.pc.close())
 
     async def close(self) -> None:
         self.rpc.close()
@@ -142,7 +149,9 @@ def check_fingerprint(pc: RTCPeerConnection, signed: list[tuple[str, str]], remo
     actual = remote_certificate_fingerprint(pc)
     expected = [value for algorithm, value in signed if algorithm == "sha-256"]
     if actual not in expected:
-        raise PeerMismatch(f"DTLS certificate of {remote_id[:12]} is not the one its signed description names")
+        raise PeerMismatch(
+            f"DTLS certificate of {remote_id[:12]} is not the one its signed description names"
+        )
 
 
 class EarlyFrames:
@@ -166,7 +175,12 @@ async def _wait_open(channel: RTCDataChannel, timeout: float) -> None:
     if channel.readyState == "open":
         return
     opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-    channel.on("open", lambda: opened.done() or opened.set_result(None))
+
+    def on_open() -> None:
+        if not opened.done():
+            opened.set_result(None)
+
+    channel.on("open", on_open)
     async with asyncio.timeout(timeout):
         await opened
 
@@ -188,7 +202,9 @@ async def dial(
             channel = pc.createDataChannel(RPC_LABEL, ordered=True, protocol=RPC_PROTOCOL)
             early = EarlyFrames(channel)
             await pc.setLocalDescription(await pc.createOffer())
-            await send(remote_id, sign_description(identity, "offer", pc.localDescription.sdp, remote_id, session))
+            await send(
+                remote_id, sign_description(identity, "offer", pc.localDescription.sdp, remote_id, session)
+            )
             desc = await answer
             fingerprints = verify_description(desc, expected_sender=remote_id, me=identity.peer_id)
             if desc.type != "answer" or desc.session != session:

@@ -45,7 +45,9 @@ def new_session_id() -> str:
     return secrets.token_hex(8)
 
 
-def sign_description(identity: Identity, type: str, sdp: str, recipient: str, session: str) -> SignedDescription:
+def sign_description(
+    identity: Identity, type: str, sdp: str, recipient: str, session: str
+) -> SignedDescription:
     unsigned = SignedDescription(
         type=type,
         sdp=sdp,

@@ -156,7 +156,9 @@ class Deframer:
         completed: list[tuple[int, bytearray]] = []
         if flags & LAST:
             if partial.filled != len(partial.buffer):
-                raise ProtocolError(f"message {message_id} ended at {partial.filled} of {len(partial.buffer)} bytes")
+                raise ProtocolError(
+                    f"message {message_id} ended at {partial.filled} of {len(partial.buffer)} bytes"
+                )
             del self._partials[message_id]
             completed.append((message_id, partial.buffer))
         return completed, 0

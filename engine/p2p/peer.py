@@ -12,7 +12,6 @@ other side drops its own attempt and answers, and its waiting callers get the an
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -22,6 +21,7 @@ import torch
 
 from engine.wire import Compression, Message
 
+from . import aiortc_patches
 from . import signaling_protocol as sp
 from .connection import Link, LinkConfig, accept, close_quietly, dial, new_session_id
 from .descriptions import SignedDescription
@@ -44,6 +44,7 @@ class Peer:
         max_links: int = 64,
         idle_timeout: float = 120.0,
     ) -> None:
+        aiortc_patches.apply()  # the project's transport is aiortc with these patches, everywhere
         self.identity = identity
         self.handlers = handlers or Handlers()
         self._base_config = config or LinkConfig()
@@ -147,7 +148,9 @@ class Peer:
             await self.signaling.send(to, desc, on_error=refused)
 
         try:
-            return await dial(self.identity, peer_id, self.config, self.handlers, send, answer, session, self._forget)
+            return await dial(
+                self.identity, peer_id, self.config, self.handlers, send, answer, session, self._forget
+            )
         finally:
             self._answers.pop(session, None)
 
@@ -171,7 +174,9 @@ class Peer:
     def _on_signal(self, signal: sp.Signal) -> None:
         desc = signal.description
         if desc.sender != signal.sender:
-            logger.warning("dropping a description whose sender %s is not the socket's peer", desc.sender[:12])
+            logger.warning(
+                "dropping a description whose sender %s is not the socket's peer", desc.sender[:12]
+            )
             return
         if desc.type == "answer":
             answer = self._answers.get(desc.session)
@@ -248,5 +253,3 @@ def _with_ice(config: LinkConfig, servers: Sequence[sp.IceServer]) -> LinkConfig
 
 
 __all__ = ["Peer"]
-
-

@@ -22,7 +22,16 @@ from typing import Any
 
 import torch
 
-from engine.wire import Compression, DecodeError, EncodeError, Kind, Limits, Message, decode_message, encode_message
+from engine.wire import (
+    Compression,
+    DecodeError,
+    EncodeError,
+    Kind,
+    Limits,
+    Message,
+    decode_message,
+    encode_message,
+)
 
 from .channel import FramedChannel
 from .errors import (
@@ -119,7 +128,9 @@ class RpcEndpoint:
         self.calls_made += 1
         try:
             async with asyncio.timeout(timeout):
-                await self._send(Message(Kind.REQUEST, request_id, method, fields or {}, list(tensors)), compression)
+                await self._send(
+                    Message(Kind.REQUEST, request_id, method, fields or {}, list(tensors)), compression
+                )
                 reply = await future
         except TimeoutError as e:
             self._cancel_remote(request_id)
@@ -150,13 +161,17 @@ class RpcEndpoint:
         finished = False
         try:
             async with asyncio.timeout(timeout):
-                await self._send(Message(Kind.REQUEST, request_id, method, fields or {}, list(tensors)), compression)
+                await self._send(
+                    Message(Kind.REQUEST, request_id, method, fields or {}, list(tensors)), compression
+                )
             while True:
                 try:
                     async with asyncio.timeout(timeout):
                         item = await queue.get()
                 except TimeoutError as e:
-                    raise RpcTimeout(f"{method} stream from {self.peer_id[:12]}: idle for {timeout:.3g} s") from e
+                    raise RpcTimeout(
+                        f"{method} stream from {self.peer_id[:12]}: idle for {timeout:.3g} s"
+                    ) from e
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
@@ -249,7 +264,9 @@ class RpcEndpoint:
                         await self._send(item, reply_compression(item))
                     await self._send(Message(Kind.END, msg.request_id), Compression.NONE)
                 else:
-                    await self._reply_error(msg.request_id, "unknown_method", f"no method {msg.method!r} here")
+                    await self._reply_error(
+                        msg.request_id, "unknown_method", f"no method {msg.method!r} here"
+                    )
         except asyncio.CancelledError:
             return  # the caller cancelled; it expects nothing more
         except ConnectionLost:
@@ -267,7 +284,11 @@ class RpcEndpoint:
     # -- failure ---------------------------------------------------------------------------------
 
     def _on_failure(self, error: BaseException) -> None:
-        lost = error if isinstance(error, ConnectionLost) else ConnectionLost(f"link to {self.peer_id[:12]} failed: {error}")
+        lost = (
+            error
+            if isinstance(error, ConnectionLost)
+            else ConnectionLost(f"link to {self.peer_id[:12]} failed: {error}")
+        )
         if isinstance(error, ProtocolError):
             lost = ConnectionLost(f"dropped {self.peer_id[:12]}: {error}")
             lost.__cause__ = error

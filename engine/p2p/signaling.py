@@ -70,7 +70,8 @@ class SignalingClient:
                 if not isinstance(challenge, sp.Challenge):
                     raise SignalingError(f"expected a challenge, got {type(challenge).__name__}")
                 hello = sp.Hello(
-                    public_key=self.identity.public_key, signature=self.identity.sign(sp.DOMAIN + challenge.nonce)
+                    public_key=self.identity.public_key,
+                    signature=self.identity.sign(sp.DOMAIN + challenge.nonce),
                 )
                 await ws.send_str(sp.encode(hello))
                 reply = sp.client_decoder.decode(await ws.receive_str())
@@ -122,7 +123,9 @@ class SignalingClient:
                 else:
                     logger.warning("signaling error: %s: %s", message.code, message.message)
 
-    async def send(self, to: str, description: SignedDescription, on_error: ErrorHandler | None = None) -> int:
+    async def send(
+        self, to: str, description: SignedDescription, on_error: ErrorHandler | None = None
+    ) -> int:
         ws = self._ws
         if ws is None or ws.closed:
             raise SignalingError("not connected to signaling")

@@ -32,7 +32,9 @@ async def make_peer(coordinator: RunningCoordinator) -> AsyncIterator[MakePeer]:
 
     async def make(handlers: Handlers | None = None, **kwargs: object) -> Peer:
         config = kwargs.pop("config", LinkConfig(connect_timeout=10))
-        peer = Peer(Identity.generate(), coordinator.signaling_url, handlers=handlers, config=config, **kwargs)  # type: ignore[arg-type]
+        peer = Peer(
+            Identity.generate(), coordinator.signaling_url, handlers=handlers, config=config, **kwargs
+        )  # type: ignore[arg-type]
         await peer.start()
         peers.append(peer)
         return peer

@@ -161,7 +161,9 @@ async def test_malformed_frames_drop_only_that_peer(make_peer: MakePeer) -> None
         for _ in range(100):
             await link.rpc.call("echo", timeout=5)
             await asyncio.sleep(0.05)
-    assert (await honest.call(server.peer_id, "echo", {"still": "here"}, timeout=20)).fields["still"] == "here"
+    assert (await honest.call(server.peer_id, "echo", {"still": "here"}, timeout=20)).fields[
+        "still"
+    ] == "here"
 
 
 async def test_coordinator_counts_relays(make_peer: MakePeer, coordinator: RunningCoordinator) -> None:

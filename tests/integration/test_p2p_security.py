@@ -25,7 +25,9 @@ class LyingHub(SignalingHub):
     def stamp(self, signal: sp.Signal, sender: str) -> sp.Signal:
         desc = signal.description
         if self.tamper_sdp:
-            desc = msgspec.structs.replace(desc, sdp=desc.sdp.replace("a=setup:", "a=x-edited\r\na=setup:", 1))
+            desc = msgspec.structs.replace(
+                desc, sdp=desc.sdp.replace("a=setup:", "a=x-edited\r\na=setup:", 1)
+            )
         return msgspec.structs.replace(signal, sender=desc.sender, description=desc)
 
 
@@ -41,7 +43,10 @@ async def start_hub(hub: SignalingHub) -> tuple[web.AppRunner, str]:
 
 
 async def peers_on(url: str, n: int) -> list[Peer]:
-    peers = [Peer(Identity.generate(), url, handlers=echo_handlers(), config=LinkConfig(connect_timeout=2)) for _ in range(n)]
+    peers = [
+        Peer(Identity.generate(), url, handlers=echo_handlers(), config=LinkConfig(connect_timeout=2))
+        for _ in range(n)
+    ]
     for p in peers:
         await p.start()
     return peers
@@ -107,7 +112,9 @@ async def test_signaling_refuses_bad_hello_and_malformed_frames(coordinator, mak
     async with aiohttp.ClientSession() as session:
         ws = await session.ws_connect(coordinator.signaling_url)
         await ws.receive_str()  # challenge
-        await ws.send_str(sp.encode(sp.Hello(public_key=Identity.generate().public_key, signature=b"\x00" * 64)))
+        await ws.send_str(
+            sp.encode(sp.Hello(public_key=Identity.generate().public_key, signature=b"\x00" * 64))
+        )
         reply = json.loads(await asyncio.wait_for(ws.receive_str(), 5))
         assert reply["type"] == "error" and reply["code"] == "auth_failed"
         await ws.close()
@@ -116,7 +123,9 @@ async def test_signaling_refuses_bad_hello_and_malformed_frames(coordinator, mak
         ws = await session.ws_connect(coordinator.signaling_url)
         challenge = sp.client_decoder.decode(await ws.receive_str())
         assert isinstance(challenge, sp.Challenge)
-        await ws.send_str(sp.encode(sp.Hello(public_key=me.public_key, signature=me.sign(sp.DOMAIN + challenge.nonce))))
+        await ws.send_str(
+            sp.encode(sp.Hello(public_key=me.public_key, signature=me.sign(sp.DOMAIN + challenge.nonce)))
+        )
         assert json.loads(await asyncio.wait_for(ws.receive_str(), 5))["type"] == "welcome"
         await ws.send_str('{"type": "signal", "id": 1, "to": 5}')
         reply = json.loads(await asyncio.wait_for(ws.receive_str(), 5))

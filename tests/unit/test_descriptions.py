@@ -11,14 +11,18 @@ SDP = "v=0\r\no=- 1 1 IN IP4 0.0.0.0\r\na=fingerprint:sha-256 AA:BB:CC\r\n"
 def test_valid_description_yields_its_fingerprints() -> None:
     alice, bob = Identity.generate(), Identity.generate()
     desc = sign_description(alice, "offer", SDP, bob.peer_id, "s1")
-    assert verify_description(desc, expected_sender=alice.peer_id, me=bob.peer_id) == [("sha-256", "AA:BB:CC")]
+    assert verify_description(desc, expected_sender=alice.peer_id, me=bob.peer_id) == [
+        ("sha-256", "AA:BB:CC")
+    ]
 
 
 def test_forgeries_are_refused() -> None:
     alice, bob, mallory = Identity.generate(), Identity.generate(), Identity.generate()
     good = sign_description(alice, "offer", SDP, bob.peer_id, "s1")
     # mallory signs with her own key but claims to be alice
-    claimed = msgspec.structs.replace(sign_description(mallory, "offer", SDP, bob.peer_id, "s1"), sender=alice.peer_id)
+    claimed = msgspec.structs.replace(
+        sign_description(mallory, "offer", SDP, bob.peer_id, "s1"), sender=alice.peer_id
+    )
     cases = {
         "someone else's key": claimed,
         "tampered sdp": msgspec.structs.replace(good, sdp=SDP.replace("AA", "EE")),

@@ -17,8 +17,14 @@ WINDOW = 4 << 20
 
 def endpoint(ch: MemoryChannel, handlers: Handlers, name: str) -> RpcEndpoint:
     def make(on_message):  # type: ignore[no-untyped-def]
-        return FramedChannel(ch, on_message, max_frame=16384, window=WINDOW, max_message_bytes=WINDOW // 2,
-                             high_water=256 << 10)
+        return FramedChannel(
+            ch,
+            on_message,
+            max_frame=16384,
+            window=WINDOW,
+            max_message_bytes=WINDOW // 2,
+            high_water=256 << 10,
+        )
 
     return RpcEndpoint(make, handlers, peer_id=name * 40, limits=Limits(max_message_bytes=WINDOW // 2))
 
@@ -36,7 +42,9 @@ class Server:
         self.handlers.add_stream("stall", self.stall)
 
     async def double(self, msg: Message, ctx: CallContext) -> Message:
-        return Message(Kind.RESPONSE, 0, fields={"n": msg.fields["n"] * 2}, tensors=[t * 2 for t in msg.tensors])
+        return Message(
+            Kind.RESPONSE, 0, fields={"n": msg.fields["n"] * 2}, tensors=[t * 2 for t in msg.tensors]
+        )
 
     async def sleep(self, msg: Message, ctx: CallContext) -> Message:
         try:
@@ -54,7 +62,9 @@ class Server:
 
     async def count(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
         for i in range(int(msg.fields["n"])):
-            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[torch.full((int(msg.fields["size"]),), float(i))])
+            yield Message(
+                Kind.STREAM, 0, fields={"i": i}, tensors=[torch.full((int(msg.fields["size"]),), float(i))]
+            )
 
     async def stall(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
         yield Message(Kind.STREAM, 0, fields={"i": 0})
@@ -82,13 +92,15 @@ async def test_unary_round_trip_with_tensors(pair) -> None:  # type: ignore[no-u
 async def test_many_calls_in_flight_on_one_channel(pair) -> None:  # type: ignore[no-untyped-def]
     client, _, _, _, _ = pair
     xs = [torch.randn(100 * (i + 1)) for i in range(40)]
-    replies = await asyncio.gather(*(client.call("double", {"n": i}, [x], timeout=10) for i, x in enumerate(xs)))
+    replies = await asyncio.gather(
+        *(client.call("double", {"n": i}, [x], timeout=10) for i, x in enumerate(xs))
+    )
     for i, (x, r) in enumerate(zip(xs, replies, strict=True)):
         assert r.fields["n"] == 2 * i and torch.equal(r.tensors[0], 2 * x)
 
 
 async def test_compressed_request(pair) -> None:  # type: ignore[no-untyped-def]
-    client, _, _, a, _ = pair
+    client, _, _, _a, _ = pair
     x = torch.randn(1 << 16)
     reply = await client.call("double", {"n": 1}, [x], timeout=5, compression=Compression.INT8)
     assert (reply.tensors[0] - 2 * x).abs().max() < 2 * x.abs().max() / 100
@@ -132,7 +144,7 @@ async def test_remote_errors_are_typed(pair) -> None:  # type: ignore[no-untyped
 
 
 async def test_stream_that_stops_answering_times_out(pair) -> None:  # type: ignore[no-untyped-def]
-    client, _, server, _, _ = pair
+    client, _, _server, _, _ = pair
     seen = []
     with pytest.raises(RpcTimeout):
         async for m in client.stream("stall", timeout=0.3):
@@ -153,14 +165,14 @@ async def test_malformed_message_drops_the_link_and_fails_pending_calls(pair) ->
 
 
 async def test_oversized_message_is_refused_before_sending(pair) -> None:  # type: ignore[no-untyped-def]
-    client, _, _, a, _ = pair
+    client, _, _, _a, _ = pair
     with pytest.raises(RpcError, match="exceeds max_message_bytes"):
         await client.call("double", {"n": 1}, [torch.zeros(WINDOW // 4 + 1)], timeout=5)
     assert (await client.call("double", {"n": 1}, timeout=5)).fields["n"] == 2
 
 
 async def test_slow_reader_bounds_what_the_sender_holds(pair) -> None:  # type: ignore[no-untyped-def]
-    client, remote, _, a, b = pair
+    client, remote, _, _a, _b = pair
     # 40 items of 512 KiB = 20 MiB through a 4 MiB window to a consumer that reads slowly.
     peak_held = 0
     n = 0

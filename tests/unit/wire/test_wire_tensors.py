@@ -126,7 +126,12 @@ def int8_bound(x: torch.Tensor, dtype: torch.dtype, block_size: int) -> torch.Te
     finfo = torch.finfo(dtype)
     smallest_subnormal = finfo.tiny * finfo.eps
     work_rounding = 0.0 if dtype == torch.float64 else 2**-22  # float32 arithmetic for narrower dtypes
-    return absmax / 254 * (1 + 1e-6) + absmax * (UNIT_ROUNDOFF[dtype] + work_rounding) + smallest_subnormal + 2**-140
+    return (
+        absmax / 254 * (1 + 1e-6)
+        + absmax * (UNIT_ROUNDOFF[dtype] + work_rounding)
+        + smallest_subnormal
+        + 2**-140
+    )
 
 
 @settings(max_examples=300, deadline=None)

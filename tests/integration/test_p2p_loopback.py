@@ -172,3 +172,31 @@ async def test_coordinator_counts_relays(make_peer: MakePeer, coordinator: Runni
     await client.call(server.peer_id, "echo", timeout=20)
     assert coordinator.hub.stats.relayed == 2  # one offer, one answer
     assert set(coordinator.hub.online()) == {server.peer_id, client.peer_id}
+
+
+async def test_slow_reader_over_real_aiortc_bounds_both_sides(make_peer: MakePeer) -> None:
+    from engine.p2p import LinkConfig
+    from engine.wire import Limits
+
+    window = 8 << 20
+    config = LinkConfig(window=window, max_message_bytes=4 << 20, limits=Limits(max_message_bytes=4 << 20))
+    handlers = Handlers()
+
+    async def firehose(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        for i in range(24):
+            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[torch.full((1 << 18,), float(i))])  # 1 MiB
+
+    handlers.add_stream("firehose", firehose)
+    server = await make_peer(handlers, config=config)
+    client = await make_peer(config=config)
+    await client.connect(server.peer_id)
+    channel = client.links[server.peer_id].rpc.channel
+    held, got = 0, []
+    async for m in client.stream(server.peer_id, "firehose", timeout=20):
+        got.append(int(m.tensors[0][0]))
+        held = max(held, channel.deframer.held)
+        await asyncio.sleep(0.1)  # a reader at 10 MB/s, slower than the link
+    assert got == list(range(24))
+    assert window // 2 < held <= window  # the window filled up (back-pressure engaged) and held
+    sender = server.links[client.peer_id].rpc.channel
+    assert sender.peak_buffered <= sender.high_water + (256 << 10)

@@ -184,7 +184,8 @@ async def test_slow_reader_over_real_aiortc_bounds_both_sides(make_peer: MakePee
 
     async def firehose(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
         for i in range(24):
-            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[torch.full((1 << 18,), float(i))])  # 1 MiB
+            one_mib = torch.full((1 << 18,), float(i))
+            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[one_mib])
 
     handlers.add_stream("firehose", firehose)
     server = await make_peer(handlers, config=config)

@@ -137,7 +137,7 @@ class FramedChannel:
                 self.credit += parse_window(frame)
                 self._credit_changed.set()
                 return
-            completed, _ = self.deframer.feed(frame)
+            completed = self.deframer.feed(frame)
         except ProtocolError as e:
             self.fail(e)
             return

@@ -24,7 +24,7 @@ from cryptography.hazmat.primitives import hashes
 from engine.wire import Limits
 
 from .channel import FramedChannel
-from .descriptions import SignedDescription, new_session_id, sign_description, verify_description
+from .descriptions import SignedDescription, sign_description, verify_description
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .identity import Identity
 from .rpc import Handlers, RpcEndpoint
@@ -262,9 +262,6 @@ async def accept(
         await pc.close()
         raise
     return Link(remote_id, pc, channel, early_box[0], config, handlers, on_closed)
-
-
-__all__ = ["Link", "LinkConfig", "accept", "dial", "new_session_id"]
 
 
 async def close_quietly(link: Link) -> None:

@@ -91,8 +91,8 @@ class _Partial:
 class Deframer:
     """Reassembles messages and keeps the receiving side of the credit window.
 
-    ``feed`` returns completed messages as (size, bytearray) and any credit the sender gets back;
-    ``release`` is called when the application has consumed a message. Any frame that breaks the
+    ``feed`` returns the messages a frame completed; ``release`` is called when the application has
+    consumed one, and says how much credit to grant back. Any frame that breaks the
     rules raises ProtocolError: the remote is at fault and the connection is to be dropped.
     """
 
@@ -111,8 +111,8 @@ class Deframer:
             raise ValueError("max_message_bytes must be at most half the window")
         self.granted = self.window
 
-    def feed(self, frame: bytes) -> tuple[list[tuple[int, bytearray]], int]:
-        """Returns (completed messages as (id, bytes), credit increment to send back or 0)."""
+    def feed(self, frame: bytes) -> list[tuple[int, bytearray]]:
+        """Completed messages as (message id, bytes): none, or the one this frame finished."""
         if len(frame) < 1:
             raise ProtocolError("empty frame")
         kind = frame[0]
@@ -161,7 +161,7 @@ class Deframer:
                 )
             del self._partials[message_id]
             completed.append((message_id, partial.buffer))
-        return completed, 0
+        return completed
 
     def release(self, size: int) -> int:
         """The application consumed ``size`` bytes; return credit to grant now (0 to wait for more)."""

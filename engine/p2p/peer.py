@@ -23,8 +23,8 @@ from engine.wire import Compression, Message
 
 from . import aiortc_patches
 from . import signaling_protocol as sp
-from .connection import Link, LinkConfig, accept, close_quietly, dial, new_session_id
-from .descriptions import SignedDescription
+from .connection import Link, LinkConfig, accept, close_quietly, dial
+from .descriptions import SignedDescription, new_session_id
 from .errors import ConnectError, P2PError, PeerMismatch
 from .identity import Identity
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers

@@ -141,9 +141,6 @@ class SignalingClient:
             raise SignalingError(f"signaling socket failed: {e}") from e
         return msg_id
 
-    def forget(self, msg_id: int) -> None:
-        self._watchers.pop(msg_id, None)
-
     async def close(self) -> None:
         self._closed = True
         if self._ws is not None:

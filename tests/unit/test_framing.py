@@ -17,7 +17,7 @@ def test_round_trip_every_boundary(size: int) -> None:
     d = deframer()
     out = []
     for f in frames:
-        done, _ = d.feed(f)
+        done = d.feed(f)
         out += done
     assert out == [(7, bytearray(data))]
     assert d.held == size
@@ -31,7 +31,7 @@ def test_interleaved_messages_reassemble() -> None:
     for i in range(max(len(a), len(b))):
         for frames in (a, b):
             if i < len(frames):
-                done += d.feed(frames[i])[0]
+                done += d.feed(frames[i])
     assert sorted(done) == [(1, bytearray(b"a" * 500)), (2, bytearray(b"b" * 300))]
 
 

@@ -10,13 +10,14 @@ from aiohttp import web
 from engine.p2p.signaling_protocol import IceServer
 
 from .signaling import SignalingHub
+from .turn import TurnConfig
 
 HUB_KEY = web.AppKey("hub", SignalingHub)
 
 
-def create_app(ice_servers: Sequence[IceServer] = ()) -> web.Application:
+def create_app(ice_servers: Sequence[IceServer] = (), turn: TurnConfig | None = None) -> web.Application:
     app = web.Application()
-    hub = SignalingHub(ice_servers=tuple(ice_servers))
+    hub = SignalingHub(ice_servers=tuple(ice_servers), turn=turn)
     app[HUB_KEY] = hub
     app.router.add_get("/ws/signal", hub.handle)
     app.router.add_get("/healthz", _healthz)
@@ -52,10 +53,13 @@ class RunningCoordinator:
 
 
 async def start(
-    host: str = "127.0.0.1", port: int = 0, ice_servers: Sequence[IceServer] = ()
+    host: str = "127.0.0.1",
+    port: int = 0,
+    ice_servers: Sequence[IceServer] = (),
+    turn: TurnConfig | None = None,
 ) -> RunningCoordinator:
     """Start the coordinator on the running loop; port 0 picks a free one."""
-    runner = web.AppRunner(create_app(ice_servers), handle_signals=False)
+    runner = web.AppRunner(create_app(ice_servers, turn), handle_signals=False)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()

@@ -21,6 +21,8 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
+from .turn import TurnConfig, turn_server
+
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
@@ -37,6 +39,7 @@ class HubStats:
 @dataclass
 class SignalingHub:
     ice_servers: Sequence[sp.IceServer] = ()
+    turn: TurnConfig | None = None
     peers: dict[str, web.WebSocketResponse] = field(default_factory=dict)
     stats: HubStats = field(default_factory=HubStats)
 
@@ -82,8 +85,15 @@ class SignalingHub:
             self.stats.auth_failed += 1
             await self._refuse(ws, "auth_failed", str(e))
             return None
-        await ws.send_str(sp.encode(sp.Welcome(peer_id=peer_id, ice_servers=list(self.ice_servers))))
+        await ws.send_str(sp.encode(sp.Welcome(peer_id=peer_id, ice_servers=self.ice_servers_for(peer_id))))
         return peer_id
+
+    def ice_servers_for(self, peer_id: str) -> list[sp.IceServer]:
+        """STUN as configured, plus TURN with a credential minted for this peer (if TURN is set up)."""
+        servers = list(self.ice_servers)
+        if self.turn is not None:
+            servers.append(turn_server(self.turn, peer_id))
+        return servers
 
     async def _relay_loop(self, peer_id: str, ws: web.WebSocketResponse) -> None:
         async for msg in ws:

@@ -18,7 +18,7 @@ run: $(STAMP)
 	$(BIN)/lah demo-transport
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	bash scripts/services && $(BIN)/python -m pytest -q
 
 check: $(STAMP)
 	scripts/check

@@ -1,0 +1,129 @@
+"""Which experts a node should host: every expert covered by at least ``replication`` hosts.
+
+Pure planning first (:func:`plan`): given the grid, how many live hosts each expert has and how many
+experts this node can hold, pick the least covered experts; ties are broken by a hash of (host,
+uid) so that hosts arriving together spread over the grid instead of all taking the same "first"
+experts. Then the database side (:func:`assign_host`): coverage is counted from unexpired
+assignments, this host's existing assignments are kept and renewed (a node that reconnects keeps
+its experts and their learned weights), and new ones are added up to its capacity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from .config import ExperimentConfig
+from .db.models import Assignment
+
+#: Bytes an expert takes on a host per parameter: weights, gradients and Adam's two moments in float32.
+BYTES_PER_PARAM = 16
+DEFAULT_EXPERT_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a node reports: where it computes and how much of it the user allows."""
+
+    device: str  # "cuda" or "cpu"
+    memory_bytes: int
+    upload_bytes_per_s: int = 0  # 0: unknown; reserved for bandwidth-aware placement
+
+
+def expert_uids(experiment: ExperimentConfig) -> list[str]:
+    return [
+        ".".join([experiment.name, *map(str, cell)])
+        for cell in itertools.product(*(range(n) for n in experiment.grid))
+    ]
+
+
+def expert_bytes(experiment: ExperimentConfig) -> int:
+    """Memory one expert needs on a host, from its hyperparameters (FFN-shaped estimate)."""
+    hp = experiment.hyperparams
+    d, hidden = hp.get("d_model"), hp.get("hidden")
+    if isinstance(d, int) and isinstance(hidden, int):
+        return BYTES_PER_PARAM * (2 * d * hidden + hidden + 3 * d)
+    return DEFAULT_EXPERT_BYTES
+
+
+def slots(experiment: ExperimentConfig, capacity: Capacity) -> int:
+    return max(0, capacity.memory_bytes // max(1, expert_bytes(experiment)))
+
+
+def _spread(host: str, uid: str) -> int:
+    return int.from_bytes(hashlib.blake2b(f"{host}|{uid}".encode(), digest_size=8).digest(), "big")
+
+
+def plan(
+    uids: Iterable[str], coverage: Mapping[str, int], host: str, count: int, already: Iterable[str] = ()
+) -> list[str]:
+    """Up to ``count`` new experts for ``host``: least covered first, spread across hosts."""
+    have = set(already)
+    candidates = [u for u in uids if u not in have]
+    candidates.sort(key=lambda u: (coverage.get(u, 0), _spread(host, u)))
+    return candidates[: max(0, count)]
+
+
+def under_replicated(uids: Iterable[str], coverage: Mapping[str, int], replication: int) -> list[str]:
+    return [u for u in uids if coverage.get(u, 0) < replication]
+
+
+async def coverage(session: AsyncSession, experiment: str, now: float) -> dict[str, int]:
+    rows = await session.execute(
+        select(Assignment.expert_uid, func.count())
+        .where(Assignment.experiment == experiment, Assignment.expires_at > now)
+        .group_by(Assignment.expert_uid)
+    )
+    return {uid: int(n) for uid, n in rows.all()}
+
+
+async def assign_host(
+    sessions: async_sessionmaker[AsyncSession],
+    experiments: Iterable[ExperimentConfig],
+    host: str,
+    capacity: Capacity,
+    now: float,
+    ttl_s: float,
+) -> list[tuple[str, str]]:
+    """(experiment, uid) pairs ``host`` should serve until ``now + ttl_s``; renews what it had."""
+    result: list[tuple[str, str]] = []
+    budget = capacity.memory_bytes
+    async with sessions() as session, session.begin():
+        await session.execute(delete(Assignment).where(Assignment.expires_at <= now))
+        for experiment in experiments:
+            mine = (
+                await session.execute(
+                    select(Assignment).where(
+                        Assignment.host_peer_id == host, Assignment.experiment == experiment.name
+                    )
+                )
+            ).scalars()
+            kept = []
+            size = expert_bytes(experiment)
+            for row in mine:
+                if budget >= size:
+                    row.expires_at = now + ttl_s
+                    budget -= size
+                    kept.append(row.expert_uid)
+                else:  # the node's budget shrank: give experts back
+                    await session.delete(row)
+            cover = await coverage(session, experiment.name, now)
+            fresh = plan(expert_uids(experiment), cover, host, budget // max(1, size), already=kept)
+            for uid in fresh:
+                session.add(
+                    Assignment(
+                        host_peer_id=host,
+                        experiment=experiment.name,
+                        expert_uid=uid,
+                        assigned_at=now,
+                        expires_at=now + ttl_s,
+                    )
+                )
+            budget -= size * len(fresh)
+            result += [(experiment.name, uid) for uid in [*kept, *fresh]]
+    return result

@@ -1,0 +1,83 @@
+"""The coordinator's configuration: a TOML file, then ``LAH_*`` environment variables on top.
+
+Experiments are defined here (expert type from the engine's registry, grid shape, hyperparameters):
+no code travels to volunteers, only names and numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+
+class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: str
+    expert_type: str  # a name in engine.moe.registry
+    grid: list[int]  # e.g. [4, 4]: uids "<name>.i.j"
+    hyperparams: dict[str, float | int | str] = {}
+    replication: int = 2  # every expert hosted by at least this many hosts
+    expert_cost: float = 1.0  # credit per sample served (forward; backward counts double)
+
+
+class TurnSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    urls: list[str]
+    secret: str
+    ttl_s: int = 3600
+
+
+class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    host: str = "127.0.0.1"
+    port: int = 8470
+    database_url: str | None = None  # None: SQLite in the user data dir
+    public_url: str | None = None  # how pages link to themselves
+    token_ttl_s: int = 24 * 3600
+    token_key_path: str | None = None  # Ed25519 key that signs tokens; None: in the user data dir
+    allowlist_mode: bool = False
+    stun_urls: list[str] = []
+    turn: TurnSection | None = None
+    bootstrap_peers: int = 8  # how many online peers to hand a newcomer for the DHT
+    assignment_ttl_s: int = 3600
+    max_ws_per_ip: int = 64
+    register_per_ip_per_minute: int = 30
+    experiments: list[ExperimentConfig] = []
+
+
+class ConfigError(ValueError):
+    pass
+
+
+ENV_PREFIX = "LAH_"
+_ENV_FIELDS = {
+    "host": str,
+    "port": int,
+    "database_url": str,
+    "public_url": str,
+    "token_ttl_s": int,
+    "allowlist_mode": lambda v: v.lower() in ("1", "true", "yes"),
+}
+
+
+def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> CoordinatorConfig:
+    """File values, then ``LAH_HOST``, ``LAH_PORT``, ``LAH_DATABASE_URL``, ... from the environment."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        try:
+            data = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as e:
+            raise ConfigError(f"cannot read coordinator config {path}: {e}") from e
+    env = os.environ if environ is None else environ
+    for name, convert in _ENV_FIELDS.items():
+        raw = env.get(ENV_PREFIX + name.upper())
+        if raw is not None:
+            try:
+                data[name] = convert(raw)  # type: ignore[operator]
+            except ValueError as e:
+                raise ConfigError(f"{ENV_PREFIX}{name.upper()}={raw!r}: {e}") from e
+    try:
+        return msgspec.convert(data, CoordinatorConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"invalid coordinator config: {e}") from e

@@ -1,0 +1,158 @@
+"""Tables. Credit totals are kept on the account, team and host rows (updated at ingestion) so the
+leaderboard reads one indexed table instead of summing a million receipts per page view; daily
+rollups in ``credit_days`` feed the contributor chart.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+    func,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+NAME_MAX = 64
+PEER_ID_LEN = 40
+ROLES = ("volunteer", "trainer", "admin")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class CreditMixin:
+    """Total credit, and recent average credit (RAC): exponentially decayed with a 7-day half-life.
+
+    ``credit_recent`` is the value as of ``credit_recent_at``; readers decay it to "now" (pure
+    function in ``coordinator.ledger``), so rows need no periodic rewrite.
+    """
+
+    credit_total: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+    credit_recent: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+    credit_recent_at: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)  # unix time
+
+
+class Team(CreditMixin, Base):
+    __tablename__ = "teams"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    accounts: Mapped[list[Account]] = relationship(back_populates="team")
+    __table_args__ = (
+        Index("ix_teams_credit_total", "credit_total"),
+        Index("ix_teams_credit_recent", "credit_recent"),
+    )
+
+
+class Account(CreditMixin, Base):
+    __tablename__ = "accounts"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
+    team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), nullable=True, index=True)
+    role: Mapped[str] = mapped_column(String(16), default="volunteer", nullable=False)
+    disabled: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    team: Mapped[Team | None] = relationship(back_populates="accounts")
+    hosts: Mapped[list[Host]] = relationship(back_populates="account")
+    __table_args__ = (
+        Index("ix_accounts_credit_total", "credit_total"),
+        Index("ix_accounts_credit_recent", "credit_recent"),
+    )
+
+
+class Host(CreditMixin, Base):
+    """A machine (peer key) bound to an account. The peer id is the hash of the public key."""
+
+    __tablename__ = "hosts"
+    peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    public_key: Mapped[bytes] = mapped_column(LargeBinary(32), nullable=False)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False, index=True)
+    bound_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    last_seen: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+    requests_served: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    account: Mapped[Account] = relationship(back_populates="hosts")
+    __table_args__ = (
+        Index("ix_hosts_credit_total", "credit_total"),
+        Index("ix_hosts_credit_recent", "credit_recent"),
+    )
+
+
+class AllowlistEntry(Base):
+    """In allowlist mode only these account names may register (as collaborations run)."""
+
+    __tablename__ = "allowlist"
+    name: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+
+
+class RevokedToken(Base):
+    __tablename__ = "revoked_tokens"
+    jti: Mapped[str] = mapped_column(String(32), primary_key=True)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)  # prunable after this
+
+
+class Receipt(Base):
+    """One signed statement by a trainer: this host served this expert for so many samples."""
+
+    __tablename__ = "receipts"
+    receipt_id: Mapped[str] = mapped_column(String(32), primary_key=True)  # idempotency key (hex)
+    trainer_peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), nullable=False)
+    host_peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), nullable=False)
+    expert_uid: Mapped[str] = mapped_column(String(128), nullable=False)
+    samples: Mapped[int] = mapped_column(Integer, nullable=False)
+    backward: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    served_at: Mapped[float] = mapped_column(Float, nullable=False)
+    credit: Mapped[float] = mapped_column(Float, nullable=False)
+    withheld: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    __table_args__ = (Index("ix_receipts_host_time", "host_peer_id", "served_at"),)
+
+
+class CreditDay(Base):
+    """Credit per subject per UTC day, for charts; subject_kind is 'account', 'team' or 'host'."""
+
+    __tablename__ = "credit_days"
+    subject_kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    subject_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    day: Mapped[int] = mapped_column(Integer, primary_key=True)  # days since the epoch
+    credit: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+
+
+class SpotCheckFlag(Base):
+    """A trainer re-ran a request on another host and the outputs disagreed."""
+
+    __tablename__ = "spot_check_flags"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), nullable=False, index=True)
+    reporter_peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), nullable=False)
+    expert_uid: Mapped[str] = mapped_column(String(128), nullable=False)
+    period_start: Mapped[float] = mapped_column(Float, nullable=False)
+    period_end: Mapped[float] = mapped_column(Float, nullable=False)
+    reason: Mapped[str] = mapped_column(String(256), nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class Assignment(Base):
+    """Which host was told to serve which expert of which experiment, until when."""
+
+    __tablename__ = "assignments"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host_peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), nullable=False, index=True)
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), nullable=False)
+    expert_uid: Mapped[str] = mapped_column(String(128), nullable=False)
+    assigned_at: Mapped[float] = mapped_column(Float, nullable=False)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)
+    __table_args__ = (
+        UniqueConstraint("host_peer_id", "experiment", "expert_uid"),
+        Index("ix_assignments_expert", "experiment", "expert_uid"),
+    )

@@ -1,0 +1,3 @@
+from tests.dbs import db
+
+__all__ = ["db"]

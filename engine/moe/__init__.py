@@ -1,0 +1,92 @@
+"""Decentralized mixture-of-experts: hosting experts and calling them over the p2p transport.
+
+Layers, bottom up (each imports only those below it; nothing here imports Qt, app/ or coordinator/)::
+
+    errors.py        the exception tree below
+    registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
+    checkpoint.py    safetensors checkpoints, written atomically, newest valid one loaded
+    cache.py         ActivationCache: forward inputs kept (LRU + TTL, byte budget) for backward
+    batching.py      TaskPool: requests merged into batches on one worker thread per device
+    backend.py       ExpertBackend: module + Adam + input checks + forward/backward pools
+    server.py        ExpertServer: moe.forward / moe.backward / moe.info handlers, stats, checkpoints
+    loop_thread.py   LoopThread: an asyncio loop on a thread, for synchronous torch code
+    client.py        RemoteExpert: nn.Module + autograd.Function calling one hosted expert
+    mixture.py       RemoteMixtureOfExperts: grid gating, k calls, k_min + grace, renormalised softmax;
+                     ExpertFinder protocol (the DHT implements it later) + StaticExpertFinder
+
+The host side (registry → backend → server) runs on the node's event loop with compute on worker threads;
+the trainer side (loop_thread → client) lets synchronous autograd call into the Peer's loop.
+
+Exceptions (one tree)::
+
+    MoEError
+    ├── SpecError              unknown architecture or impossible sizes (also a ValueError)
+    ├── CheckpointError        a checkpoint file that cannot be read or does not fit its expert
+    ├── ExpertRequestError     a request the host refuses; ``code`` goes back as RemoteError.code
+    │   ├── BadInput           "bad_input": wrong shape, dtype, non-finite values, bad activation id
+    │   ├── UnknownExpert      "unknown_expert": no such uid on this host
+    │   ├── InputsEvicted      "inputs_evicted": backward's inputs are gone; the trainer re-sends them
+    │   └── ExpertUnavailable  "unavailable": the host is shutting down
+    └── ExpertCallFailed       trainer side: a remote call failed (``code``: the host's, or "timeout",
+        │                      "connection", "bad_reply")
+        └── NotEnoughExperts   fewer than k_min experts answered a mixture layer in time
+"""
+
+from __future__ import annotations
+
+from .backend import ALLOWED_DTYPES, BackendStats, ExpertBackend, default_device
+from .cache import ActivationCache
+from .checkpoint import Checkpoint, CheckpointStore, restore_state, snapshot_state
+from .client import RemoteExpert, new_activation_id
+from .errors import (
+    BadInput,
+    CheckpointError,
+    ExpertCallFailed,
+    ExpertRequestError,
+    ExpertUnavailable,
+    InputsEvicted,
+    MoEError,
+    NotEnoughExperts,
+    SpecError,
+    UnknownExpert,
+)
+from .loop_thread import LoopThread
+from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
+from .registry import ARCHITECTURES, Architecture, ExpertSpec, build, input_shape, register
+from .server import UID_PATTERN, ExpertServer
+
+__all__ = [
+    "ALLOWED_DTYPES",
+    "ARCHITECTURES",
+    "UID_PATTERN",
+    "ActivationCache",
+    "Architecture",
+    "BackendStats",
+    "BadInput",
+    "Checkpoint",
+    "CheckpointError",
+    "CheckpointStore",
+    "ExpertBackend",
+    "ExpertCallFailed",
+    "ExpertFinder",
+    "ExpertRequestError",
+    "ExpertServer",
+    "ExpertSpec",
+    "ExpertUnavailable",
+    "InputsEvicted",
+    "LoopThread",
+    "MoEError",
+    "NotEnoughExperts",
+    "RemoteExpert",
+    "RemoteMixtureOfExperts",
+    "SpecError",
+    "StaticExpertFinder",
+    "UnknownExpert",
+    "build",
+    "default_device",
+    "input_shape",
+    "new_activation_id",
+    "register",
+    "restore_state",
+    "snapshot_state",
+]

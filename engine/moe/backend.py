@@ -1,0 +1,245 @@
+"""One hosted expert: its module, its optimizer, its request batching and its activation cache.
+
+Forward requests run under ``torch.inference_mode`` (no autograd graph kept: a host serves many
+trainers and cannot hold their graphs). Their inputs go into the :class:`ActivationCache` instead, so
+the backward request brings only the output gradient; the host recomputes the forward pass with grad on
+the cached inputs, backpropagates, returns the input gradient and applies a local optimizer step: the
+asynchronous training of Learning@home, where each expert updates itself from the gradients it gets.
+
+Everything a peer sends is checked here before it reaches a batch (shape against the spec, dtype, finite
+values): one malformed request must fail alone with ``bad_input``, not poison the batch it joins.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .batching import TaskPool
+from .cache import ActivationCache
+from .checkpoint import Checkpoint, restore_state, snapshot_state
+from .errors import BadInput, ExpertUnavailable, InputsEvicted
+from .registry import ExpertSpec, build, input_shape
+
+__all__ = ["ALLOWED_DTYPES", "BackendStats", "ExpertBackend", "default_device"]
+
+logger = logging.getLogger(__name__)
+
+ALLOWED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Above this many elements the finiteness check leaves the event loop for a worker thread.
+THREAD_CHECK_ELEMENTS = 1 << 18
+MAX_ACTIVATION_ID = 64
+
+
+def default_device() -> torch.device:
+    """CUDA when there is one, the CPU otherwise: the same code runs on both."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@dataclass
+class BackendStats:
+    forward_requests: int = 0
+    backward_requests: int = 0
+    forward_samples: int = 0
+    backward_samples: int = 0
+    errors: int = 0
+    steps: int = 0
+    inputs_evicted: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+class ExpertBackend:
+    """Serves forward/backward for one expert; compute runs on ``executor`` (one thread per device)."""
+
+    def __init__(
+        self,
+        uid: str,
+        spec: ExpertSpec,
+        *,
+        device: torch.device | str | None = None,
+        executor: Executor | None = None,
+        cache: ActivationCache | None = None,
+        lr: float = 1e-3,
+        max_grad_norm: float | None = 1.0,
+        max_batch_size: int = 256,
+        max_wait_s: float = 0.005,
+        max_request_samples: int = 4096,
+        seed: int | None = None,
+    ) -> None:
+        self.uid = uid
+        self.spec = spec
+        self.device = torch.device(device) if device is not None else default_device()
+        self.input_shape = input_shape(spec)
+        if seed is not None:
+            torch.manual_seed(seed)
+        # train() mode on purpose: there is no dropout, and TransformerEncoderLayer's eval-mode fast path
+        # would make the inference forward differ (slightly) from the recomputation done for backward.
+        self.module = build(spec).to(self.device).train()
+        self.optimizer = torch.optim.Adam(self.module.parameters(), lr=lr)
+        self.max_grad_norm = max_grad_norm
+        self.max_request_samples = max_request_samples
+        self._own_executor = executor is None
+        self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix=f"expert-{uid}")
+        self.cache = cache if cache is not None else ActivationCache()
+        self.forward_pool = TaskPool(
+            f"{uid}.fwd",
+            self._forward_batch,
+            self.executor,
+            max_batch_size=max_batch_size,
+            max_wait_s=max_wait_s,
+        )
+        self.backward_pool = TaskPool(
+            f"{uid}.bwd",
+            self._backward_batch,
+            self.executor,
+            max_batch_size=max_batch_size,
+            max_wait_s=max_wait_s,
+        )
+        self.stats = BackendStats()
+        self.closed = False
+
+    # -- requests (event loop) -------------------------------------------------------------------
+
+    async def forward(self, peer_id: str, activation_id: str, inputs: torch.Tensor) -> torch.Tensor:
+        """Outputs for ``inputs``; keeps the inputs for a later :meth:`backward` of this activation."""
+        self._check_open()
+        try:
+            await self._check_inputs(inputs, "inputs")
+            _check_activation_id(activation_id)
+            (outputs,) = await self.forward_pool.submit(inputs)
+        except Exception:
+            self.stats.errors += 1
+            raise
+        self.cache.put(self._key(peer_id, activation_id), inputs)
+        self.stats.forward_requests += 1
+        self.stats.forward_samples += int(inputs.shape[0])
+        return outputs
+
+    async def backward(
+        self, peer_id: str, activation_id: str, grad_outputs: torch.Tensor, inputs: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Input gradient for a past forward; applies an optimizer step. Needs cached or re-sent inputs."""
+        self._check_open()
+        try:
+            _check_activation_id(activation_id)
+            await self._check_inputs(grad_outputs, "grad_outputs")
+            cached = self.cache.pop(self._key(peer_id, activation_id))
+            if inputs is not None:
+                await self._check_inputs(inputs, "inputs")
+            else:
+                inputs = cached
+            if inputs is None:
+                self.stats.inputs_evicted += 1
+                raise InputsEvicted(
+                    f"{self.uid}: inputs of activation {activation_id!r} are gone; re-send them"
+                )
+            if inputs.shape != grad_outputs.shape:
+                raise BadInput(
+                    f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(inputs.shape)}"
+                )
+            (grad_inputs,) = await self.backward_pool.submit(inputs, grad_outputs)
+        except Exception:
+            self.stats.errors += 1
+            raise
+        self.stats.backward_requests += 1
+        self.stats.backward_samples += int(inputs.shape[0])
+        return grad_inputs
+
+    def _key(self, peer_id: str, activation_id: str) -> Hashable:
+        return (self.uid, peer_id, activation_id)
+
+    def _check_open(self) -> None:
+        if self.closed:
+            raise ExpertUnavailable(f"expert {self.uid} is shutting down")
+
+    async def _check_inputs(self, x: torch.Tensor, what: str) -> None:
+        if not isinstance(x, torch.Tensor):
+            raise BadInput(f"{what} is not a tensor")
+        if x.dtype not in ALLOWED_DTYPES:
+            raise BadInput(f"{what} dtype {x.dtype} is not one of float32, float16, bfloat16")
+        want = self.input_shape
+        shape = tuple(x.shape)
+        if len(shape) != len(want) + 1 or any(
+            w is not None and w != s for w, s in zip(want, shape[1:], strict=True)
+        ):
+            shown = tuple("*" if w is None else w for w in want)
+            raise BadInput(f"{what} shape {shape} does not match [batch, {', '.join(map(str, shown))}]")
+        if not 1 <= shape[0] <= self.max_request_samples or 0 in shape:
+            raise BadInput(
+                f"{what}: batch of {shape[0]} outside [1, {self.max_request_samples}] or empty dims"
+            )
+        if x.numel() >= THREAD_CHECK_ELEMENTS:
+            finite = await asyncio.to_thread(_all_finite, x)
+        else:
+            finite = _all_finite(x)
+        if not finite:
+            raise BadInput(f"{what} contains NaN or infinite values")
+
+    # -- compute (worker thread) -----------------------------------------------------------------
+
+    def _forward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        with torch.inference_mode():
+            x = args[0].to(self.device, torch.float32)
+            return [self.module(x).to("cpu")]
+
+    def _backward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+        x = args[0].to(self.device, torch.float32).requires_grad_(True)
+        grad_out = args[1].to(self.device, torch.float32)
+        with torch.enable_grad():
+            out = self.module(x)
+            self.optimizer.zero_grad(set_to_none=True)
+            out.backward(grad_out)
+        assert x.grad is not None
+        if self.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
+        self.optimizer.step()
+        self.stats.steps += 1  # one writer: this worker thread
+        return [x.grad.to("cpu")]
+
+    # -- state -----------------------------------------------------------------------------------
+
+    async def snapshot(self) -> Checkpoint:
+        """A consistent copy of weights and optimizer state, taken on the worker thread between batches."""
+        meta: dict[str, Any] = {"uid": self.uid, "spec": self.spec.to_fields(), "steps": self.stats.steps}
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, snapshot_state, self.module, self.optimizer, meta)
+
+    async def restore(self, ckpt: Checkpoint) -> None:
+        """Load a checkpoint written for this spec (the caller checked that)."""
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self.executor, self._restore, ckpt)
+
+    def _restore(self, ckpt: Checkpoint) -> None:
+        restore_state(self.module, self.optimizer, ckpt)
+        self.module.to(self.device)
+        self.stats.steps = int(ckpt.meta.get("steps", 0))
+
+    async def close(self, drain_timeout: float = 10.0) -> None:
+        """Take no new requests, finish queued ones (within ``drain_timeout``), drop cached inputs."""
+        self.closed = True
+        await self.forward_pool.drain(drain_timeout)
+        await self.backward_pool.drain(drain_timeout)
+        if self._own_executor:
+            await asyncio.to_thread(self.executor.shutdown, True)
+
+
+def _all_finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+def _check_activation_id(activation_id: object) -> None:
+    if not isinstance(activation_id, str) or not 0 < len(activation_id) <= MAX_ACTIVATION_ID:
+        raise BadInput(f"activation id must be a str of 1..{MAX_ACTIVATION_ID} characters")
+
+
+def parameter_count(module: torch.nn.Module) -> int:
+    return sum(math.prod(p.shape) for p in module.parameters())

@@ -1,0 +1,170 @@
+"""Batching of requests for one expert, run on one worker thread per device.
+
+Trainers send one request per expert per step, each a few samples to a few hundred. A GPU runs one big
+batch far faster than many small ones, so requests that arrive close together are merged: a batch starts
+when ``max_batch_size`` samples are waiting or when the oldest request has waited ``max_wait_s``. While a
+batch runs, new requests queue up, so under load batches grow by themselves.
+
+The compute (including concatenating and splitting, which copies megabytes) runs on the device's
+single-thread executor, never on the event loop: the loop pumps SCTP for every connection of the node,
+and one stalled millisecond there stalls every transfer. One thread per device also serialises forward,
+backward and optimizer steps of all experts on that device, so no expert's weights change mid-batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor
+from dataclasses import dataclass
+
+import torch
+
+from .errors import ExpertUnavailable
+
+__all__ = ["BatchFn", "TaskPool"]
+
+logger = logging.getLogger(__name__)
+
+#: Runs one batch: gets each argument position's batched tensor, returns outputs batched along dim 0.
+BatchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+@dataclass
+class _Task:
+    args: tuple[torch.Tensor, ...]
+    future: asyncio.Future[tuple[torch.Tensor, ...]]
+    size: int
+    queued_at: float
+
+
+class TaskPool:
+    """Queue of requests for one function; merges them into batches run on ``executor``."""
+
+    def __init__(
+        self,
+        name: str,
+        fn: BatchFn,
+        executor: Executor,
+        *,
+        max_batch_size: int = 256,
+        max_wait_s: float = 0.005,
+    ) -> None:
+        self.name = name
+        self.fn = fn
+        self.executor = executor
+        self.max_batch_size = max_batch_size
+        self.max_wait_s = max_wait_s
+        self._queue: deque[_Task] = deque()
+        self._arrived: asyncio.Event | None = None
+        self._runner: asyncio.Task[None] | None = None
+        self._busy = False
+        self._drained: asyncio.Event | None = None
+        self.batches = 0
+        self.batch_sizes: list[int] = []  # the last few, for stats and tests
+        self.closed = False
+
+    @property
+    def pending(self) -> int:
+        return len(self._queue) + (1 if self._busy else 0)
+
+    async def submit(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Run ``fn`` on these tensors (batched with others); each must have the same dim 0 size."""
+        if self.closed:
+            raise ExpertUnavailable(f"task pool {self.name} is closed")
+        loop = asyncio.get_running_loop()
+        if self._runner is None:
+            self._arrived = asyncio.Event()
+            self._runner = loop.create_task(self._run(), name=f"taskpool-{self.name}")
+        task = _Task(args, loop.create_future(), int(args[0].shape[0]), loop.time())
+        self._queue.append(task)
+        assert self._arrived is not None
+        self._arrived.set()
+        return await task.future
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._arrived is not None
+        while True:
+            while not self._queue:
+                if self._drained is not None:
+                    self._drained.set()
+                self._arrived.clear()
+                await self._arrived.wait()
+            deadline = self._queue[0].queued_at + self.max_wait_s
+            while sum(t.size for t in self._queue) < self.max_batch_size:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                self._arrived.clear()
+                try:
+                    async with asyncio.timeout(remaining):
+                        await self._arrived.wait()
+                except TimeoutError:
+                    break
+            batch = self._take()
+            if not batch:
+                continue
+            self._busy = True
+            try:
+                outputs = await loop.run_in_executor(
+                    self.executor, _run_batch, self.fn, [t.args for t in batch]
+                )
+            except Exception as e:
+                for t in batch:
+                    if not t.future.done():
+                        t.future.set_exception(e)
+            else:
+                for t, out in zip(batch, outputs, strict=True):
+                    if not t.future.done():
+                        t.future.set_result(out)
+            finally:
+                self._busy = False
+            self.batches += 1
+            self.batch_sizes = [*self.batch_sizes[-31:], sum(t.size for t in batch)]
+
+    def _take(self) -> list[_Task]:
+        batch: list[_Task] = []
+        total = 0
+        while self._queue:
+            task = self._queue[0]
+            if task.future.done():  # the caller gave up (cancelled or timed out) before we started
+                self._queue.popleft()
+                continue
+            if batch and total + task.size > self.max_batch_size:
+                break
+            batch.append(self._queue.popleft())
+            total += task.size
+        return batch
+
+    async def drain(self, timeout: float) -> None:
+        """Stop accepting tasks and wait (at most ``timeout``) for queued ones to finish."""
+        self.closed = True
+        if self._runner is not None and self.pending:
+            self._drained = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await self._drained.wait()
+        if self._runner is not None:
+            self._runner.cancel()
+            await asyncio.gather(self._runner, return_exceptions=True)
+            self._runner = None
+        for task in self._queue:
+            if not task.future.done():
+                task.future.set_exception(ExpertUnavailable(f"task pool {self.name} closed"))
+        self._queue.clear()
+
+
+def _run_batch(fn: BatchFn, args: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
+    """On the worker thread: concatenate per position, run, split back per request."""
+    sizes = [int(a[0].shape[0]) for a in args]
+    if len(args) == 1:
+        batched: list[torch.Tensor] = list(args[0])
+    else:
+        batched = [torch.cat([a[i] for a in args]) for i in range(len(args[0]))]
+    outputs = fn(batched)
+    split = [torch.split(out, sizes) for out in outputs]
+    return [tuple(parts[j] for parts in split) for j in range(len(sizes))]

@@ -1,0 +1,226 @@
+"""RemoteMixtureOfExperts: gating over a grid of experts, k remote calls, k_min + grace, renormalised.
+
+The Learning@home layer. Experts have grid coordinates (uid ``<prefix>.<i>.<j>``); the gate scores each
+grid dimension separately and an expert's score is the sum of its coordinates' scores, so a lookup
+service can beam-search the grid (dimension by dimension) instead of scoring every expert. Which experts
+are alive, and who hosts them, is the :class:`ExpertFinder`'s business (the DHT, later; a static table in
+tests).
+
+Fault tolerance by design: each chosen expert gets one batched request; the layer waits until every
+sample has ``k_min`` answers, then at most ``grace_s`` more, and drops whoever has not answered. The
+softmax over the gate scores is taken over the experts that answered, per sample, so a dead or slow
+host only removes a term. Backward does the same: an expert whose backward fails contributes no input
+gradient. Fewer than ``k_min`` answers for any sample is :class:`NotEnoughExperts`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from engine.p2p import Peer
+
+from .client import RemoteExpert, new_activation_id
+from .errors import ExpertCallFailed, NotEnoughExperts
+from .loop_thread import LoopThread
+
+__all__ = ["ExpertFinder", "RemoteMixtureOfExperts", "StaticExpertFinder"]
+
+
+class ExpertFinder(Protocol):
+    """Finds live experts: up to ``k`` ``(uid, host peer id)``, best score first, for one sample."""
+
+    async def find(
+        self, prefix: str, dim_scores: Sequence[Sequence[float]], k: int
+    ) -> list[tuple[str, str]]: ...
+
+
+class StaticExpertFinder:
+    """A fixed ``uid -> host`` table, scored exhaustively: for tests and small private swarms."""
+
+    def __init__(self, hosts: dict[str, str]) -> None:
+        self.hosts = dict(hosts)
+
+    async def find(self, prefix: str, dim_scores: Sequence[Sequence[float]], k: int) -> list[tuple[str, str]]:
+        scored = []
+        for uid, host in self.hosts.items():
+            coords = grid_coords(uid, prefix, [len(s) for s in dim_scores])
+            if coords is not None:
+                scored.append((sum(s[c] for s, c in zip(dim_scores, coords, strict=True)), uid, host))
+        scored.sort(key=lambda t: -t[0])
+        return [(uid, host) for _, uid, host in scored[:k]]
+
+
+def grid_coords(uid: str, prefix: str, grid: Sequence[int]) -> tuple[int, ...] | None:
+    """``ffn.3.7`` -> ``(3, 7)`` when it lies on ``prefix``'s grid, else ``None``."""
+    head, _, rest = uid.partition(".")
+    parts = rest.split(".") if rest else []
+    if head != prefix or len(parts) != len(grid) or not all(p.isdigit() for p in parts):
+        return None
+    coords = tuple(int(p) for p in parts)
+    return coords if all(0 <= c < n for c, n in zip(coords, grid, strict=True)) else None
+
+
+@dataclass
+class _Call:
+    expert: RemoteExpert
+    rows: torch.Tensor  # sample indices
+    slots: torch.Tensor  # which of the k slots of those samples
+
+
+class RemoteMixtureOfExperts(nn.Module):
+    """A DMoE layer over ``[batch, dim]`` inputs: ``sum_e softmax(gate)_e * expert_e(x)`` over answers."""
+
+    def __init__(
+        self,
+        peer: Peer,
+        finder: ExpertFinder,
+        *,
+        loop: LoopThread,
+        in_features: int,
+        grid_size: Sequence[int],
+        uid_prefix: str,
+        k_best: int = 4,
+        k_min: int = 1,
+        grace_s: float = 0.5,
+        timeout: float = 30.0,
+    ) -> None:
+        super().__init__()
+        self.peer, self.finder, self.loop = peer, finder, loop
+        self.grid_size, self.uid_prefix = tuple(grid_size), uid_prefix
+        self.k_best, self.k_min, self.grace_s, self.timeout = k_best, k_min, grace_s, timeout
+        self.gates = nn.ModuleList(nn.Linear(in_features, n) for n in self.grid_size)
+        self._experts: dict[tuple[str, str], RemoteExpert] = {}
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dim_scores = [gate(x) for gate in self.gates]
+        chosen = self.loop.run(self._find_all([s.detach().tolist() for s in dim_scores]), self.timeout)
+        k = max(1, max((len(c) for c in chosen), default=0))
+        coords = torch.full((x.shape[0], k, len(self.grid_size)), -1, dtype=torch.long)
+        calls: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        for row, found in enumerate(chosen):
+            for slot, (uid, host) in enumerate(found):
+                where = grid_coords(uid, self.uid_prefix, self.grid_size)
+                if where is None:
+                    continue  # a finder that returns foreign uids: ignore them rather than trust them
+                coords[row, slot] = torch.tensor(where)
+                rows, slots = calls.setdefault((uid, host), ([], []))
+                rows.append(row)
+                slots.append(slot)
+        coords = coords.to(x.device)
+        logits = torch.zeros(x.shape[0], k, dtype=x.dtype, device=x.device)
+        for i, scores in enumerate(dim_scores):
+            logits = logits + torch.gather(scores, 1, coords[:, :, i].clamp(min=0))
+        plan = [
+            _Call(self._expert(uid, host), torch.tensor(r), torch.tensor(s))
+            for (uid, host), (r, s) in calls.items()
+        ]
+        outputs, answered = _MixtureCall.apply(self, x, plan, k)  # type: ignore[no-untyped-call]
+        if bool((answered.sum(1) < self.k_min).any()):
+            raise NotEnoughExperts(f"fewer than k_min={self.k_min} experts answered for some samples")
+        # Softmax over the experts that answered; a row with none (only when k_min is 0) gets zeros.
+        masked = logits.masked_fill(~answered, float("-inf")).masked_fill(~answered.any(1, keepdim=True), 0.0)
+        weights = torch.softmax(masked, dim=1) * answered
+        out: torch.Tensor = (weights.unsqueeze(-1) * outputs).sum(1)
+        return out
+
+    def _expert(self, uid: str, host: str) -> RemoteExpert:
+        key = (uid, host)
+        if key not in self._experts:
+            self._experts[key] = RemoteExpert(self.peer, host, uid, loop=self.loop, timeout=self.timeout)
+        return self._experts[key]
+
+    async def _find_all(self, scores: list[list[list[float]]]) -> list[list[tuple[str, str]]]:
+        per_sample = [[dim[row] for dim in scores] for row in range(len(scores[0]))]
+        return list(
+            await asyncio.gather(*(self.finder.find(self.uid_prefix, s, self.k_best) for s in per_sample))
+        )
+
+    async def call_forward(
+        self, plan: list[_Call], wire: list[torch.Tensor], aids: list[str], n_samples: int
+    ) -> dict[int, torch.Tensor]:
+        """Results by plan index: wait for k_min answers per sample, then ``grace_s``, then drop the rest."""
+        loop = asyncio.get_running_loop()
+        tasks = {
+            loop.create_task(c.expert.call_forward(aid, w)): i
+            for i, (c, w, aid) in enumerate(zip(plan, wire, aids, strict=True))
+        }
+        counts = torch.zeros(n_samples, dtype=torch.long)
+        results: dict[int, torch.Tensor] = {}
+        deadline = time.monotonic() + self.timeout
+        pending = set(tasks)
+        try:
+            while pending and (remaining := deadline - time.monotonic()) > 0:
+                done, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                for task in done:
+                    if task.exception() is None and task.result().shape == wire[tasks[task]].shape:
+                        results[tasks[task]] = task.result()
+                        counts[plan[tasks[task]].rows] += 1
+                if bool((counts >= self.k_min).all()) and deadline > time.monotonic() + self.grace_s:
+                    deadline = time.monotonic() + self.grace_s
+        finally:
+            for task in pending:
+                task.cancel()
+        return results
+
+    async def call_backward(
+        self, plan: list[_Call], aids: list[str], grads: list[torch.Tensor], wire: list[torch.Tensor]
+    ) -> dict[int, torch.Tensor]:
+        """Input gradients by plan index; a failed or late expert is skipped."""
+        coros = [
+            asyncio.wait_for(plan[i].expert.call_backward(aids[i], g, wire[i]), self.timeout)
+            for i, g in enumerate(grads)
+        ]
+        answers = await asyncio.gather(*coros, return_exceptions=True)
+        return {
+            i: a for i, a in enumerate(answers) if isinstance(a, torch.Tensor) and a.shape == grads[i].shape
+        }
+
+
+class _MixtureCall(torch.autograd.Function):
+    """All expert calls of one layer as one autograd node: ``[batch, k, *shape]`` outputs + answered mask."""
+
+    @staticmethod
+    def forward(ctx: Any, layer: RemoteMixtureOfExperts, x: torch.Tensor, plan: list[_Call], k: int) -> Any:  # type: ignore[override]
+        wire = [c.expert.to_wire(x[c.rows]) for c in plan]
+        aids = [new_activation_id() for _ in plan]
+        timeout = layer.timeout + 2.0
+        try:
+            results = layer.loop.run(layer.call_forward(plan, wire, aids, x.shape[0]), timeout)
+        except TimeoutError as e:
+            raise ExpertCallFailed(f"mixture forward: {e}", "timeout") from e
+        outputs = x.new_zeros((x.shape[0], k, *x.shape[1:]))
+        answered = torch.zeros(x.shape[0], k, dtype=torch.bool, device=x.device)
+        for i, y in results.items():
+            outputs[plan[i].rows, plan[i].slots] = y.to(x.device, x.dtype)
+            answered[plan[i].rows, plan[i].slots] = True
+        ctx.layer, ctx.plan, ctx.wire, ctx.aids, ctx.ok = layer, plan, wire, aids, sorted(results)
+        ctx.like = x
+        ctx.mark_non_differentiable(answered)
+        return outputs, answered
+
+    @staticmethod
+    def backward(ctx: Any, grad_outputs: torch.Tensor, _: Any) -> tuple[None, torch.Tensor, None, None]:  # type: ignore[override]
+        layer: RemoteMixtureOfExperts = ctx.layer
+        x: torch.Tensor = ctx.like
+        ok: list[int] = ctx.ok
+        plan = [ctx.plan[i] for i in ok]
+        grads = [c.expert.to_wire(grad_outputs[c.rows, c.slots]) for c in plan]
+        wire = [ctx.wire[i] for i in ok]
+        aids = [ctx.aids[i] for i in ok]
+        try:
+            answers = layer.loop.run(layer.call_backward(plan, aids, grads, wire), layer.timeout + 2.0)
+        except TimeoutError:
+            answers = {}
+        grad_x = torch.zeros_like(x)
+        for i, g in answers.items():
+            grad_x.index_add_(0, plan[i].rows.to(x.device), g.to(x.device, x.dtype))
+        return None, grad_x, None, None

@@ -1,0 +1,232 @@
+"""ExpertServer: the RPC face of a node's experts, with stats, checkpoints and a clean shutdown.
+
+Methods (all unary; fields are message fields, tensors in order)::
+
+    moe.forward   {uid, aid}  [inputs]                    -> [outputs]
+    moe.backward  {uid, aid}  [grad_outputs] (+[inputs])  -> [grad_inputs]
+    moe.info      {uid}       []                          -> {arch, dim, hidden, heads, seq_len, input_shape}
+
+``aid`` (activation id) is the trainer's name for one forward call; with the caller's peer id it keys
+the cached inputs, so trainers cannot collide with each other. Replies travel in float16 by default
+(half the bytes; trainers accept that precision anyway). Requests arrive in whatever the client chose.
+Errors are ``RemoteError`` with the codes of :mod:`engine.moe.errors`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.p2p import CallContext, Handlers, RemoteError
+from engine.wire import Compression, Kind, Message
+
+from .backend import ExpertBackend, default_device
+from .cache import ActivationCache
+from .checkpoint import CheckpointStore
+from .errors import CheckpointError, ExpertRequestError, UnknownExpert
+from .registry import ExpertSpec
+
+__all__ = ["UID_PATTERN", "ExpertServer"]
+
+logger = logging.getLogger(__name__)
+
+#: ``<grid name>.<coordinate>...``, e.g. ``ffn.3.7``; also safe as a directory name on every OS.
+UID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}(\.[0-9]{1,6}){0,4}$")
+
+
+class ExpertServer:
+    """Hosts ``uid -> ExpertBackend``; register its methods on a :class:`Handlers` with :meth:`register`."""
+
+    def __init__(
+        self,
+        experts: Mapping[str, ExpertBackend],
+        *,
+        checkpoint_dir: str | os.PathLike[str] | None = None,
+        checkpoint_interval_s: float = 300.0,
+        keep_checkpoints: int = 3,
+        reply_compression: Compression = Compression.FLOAT16,
+    ) -> None:
+        for uid in experts:
+            if not UID_PATTERN.match(uid):
+                raise ValueError(f"bad expert uid {uid!r}")
+        self.experts = dict(experts)
+        self.checkpoint_dir = Path(checkpoint_dir) if checkpoint_dir is not None else None
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.keep_checkpoints = keep_checkpoints
+        self.reply_compression = reply_compression
+        self.closing = False
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._timer: asyncio.Task[None] | None = None
+        self._executors: list[ThreadPoolExecutor] = []
+
+    @classmethod
+    def create(
+        cls,
+        specs: Mapping[str, ExpertSpec],
+        *,
+        device: torch.device | str | None = None,
+        cache_bytes: int = 1 << 30,
+        cache_ttl_s: float = 120.0,
+        backend_options: Mapping[str, Any] | None = None,
+        **server_options: Any,
+    ) -> ExpertServer:
+        """Build backends for ``specs`` sharing one worker thread (this device) and one activation cache."""
+        dev = torch.device(device) if device is not None else default_device()
+        executor = ThreadPoolExecutor(1, thread_name_prefix=f"experts-{dev.type}")
+        cache = ActivationCache(cache_bytes, cache_ttl_s)
+        options = dict(backend_options or {})
+        backends = {
+            uid: ExpertBackend(uid, spec, device=dev, executor=executor, cache=cache, **options)
+            for uid, spec in specs.items()
+        }
+        server = cls(backends, **server_options)
+        server._executors.append(executor)
+        return server
+
+    def register(self, handlers: Handlers) -> None:
+        handlers.add_unary("moe.forward", self._forward)
+        handlers.add_unary("moe.backward", self._backward)
+        handlers.add_unary("moe.info", self._info)
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        return {uid: b.stats.as_dict() for uid, b in self.experts.items()}
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load each expert's newest valid checkpoint and start the checkpoint timer."""
+        if self.checkpoint_dir is None:
+            return
+        for uid, backend in self.experts.items():
+            ckpt = await asyncio.to_thread(self._store(uid).load_latest)
+            if ckpt is None:
+                continue
+            if ckpt.meta.get("spec") != backend.spec.to_fields():
+                logger.warning(
+                    "checkpoint of %s is for spec %s, not %s: ignored",
+                    uid,
+                    ckpt.meta.get("spec"),
+                    backend.spec.to_fields(),
+                )
+                continue
+            try:
+                await backend.restore(ckpt)
+            except CheckpointError as e:
+                logger.warning("cannot restore %s from its checkpoint: %s", uid, e)
+                continue
+            logger.info("restored %s at step %d", uid, backend.stats.steps)
+        self._timer = asyncio.create_task(self._checkpoint_loop(), name="moe-checkpoints")
+
+    async def checkpoint(self) -> list[Path]:
+        """Write one checkpoint per expert now (snapshot on the worker thread, file I/O on another)."""
+        if self.checkpoint_dir is None:
+            return []
+        paths = []
+        for uid, backend in self.experts.items():
+            ckpt = await backend.snapshot()
+            paths.append(await asyncio.to_thread(self._store(uid).save, ckpt))
+        return paths
+
+    async def close(self, drain_timeout: float = 10.0) -> None:
+        """Refuse new requests, wait for those in flight (bounded), checkpoint, stop the workers."""
+        self.closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            await asyncio.gather(self._timer, return_exceptions=True)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(drain_timeout):
+                await self._idle.wait()
+        for backend in self.experts.values():
+            await backend.close(drain_timeout)
+        try:
+            await self.checkpoint()
+        except OSError:
+            logger.exception("final checkpoint failed")
+        for executor in self._executors:
+            await asyncio.to_thread(executor.shutdown, True)
+
+    def _store(self, uid: str) -> CheckpointStore:
+        assert self.checkpoint_dir is not None
+        return CheckpointStore(self.checkpoint_dir / uid, self.keep_checkpoints)
+
+    async def _checkpoint_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.checkpoint_interval_s)
+            try:
+                await self.checkpoint()
+            except (OSError, CheckpointError):
+                logger.exception("periodic checkpoint failed; will retry")
+
+    # -- handlers --------------------------------------------------------------------------------
+
+    def _backend(self, msg: Message) -> ExpertBackend:
+        if self.closing:
+            raise RemoteError("unavailable", "host is shutting down")
+        uid = msg.fields.get("uid")
+        backend = self.experts.get(uid) if isinstance(uid, str) else None
+        if backend is None:
+            raise RemoteError(UnknownExpert.code, f"no expert {str(uid)[:64]!r} here")
+        return backend
+
+    def _reply(self, tensors: list[torch.Tensor]) -> Message:
+        return Message(Kind.RESPONSE, 0, tensors=tensors, compression=self.reply_compression)
+
+    async def _forward(self, msg: Message, ctx: CallContext) -> Message:
+        backend = self._backend(msg)
+        if len(msg.tensors) != 1:
+            raise RemoteError("bad_input", f"moe.forward takes 1 tensor, got {len(msg.tensors)}")
+        with self._tracked():
+            outputs = await _as_remote(backend.forward(ctx.peer_id, _aid(msg), msg.tensors[0]))
+        return self._reply([outputs])
+
+    async def _backward(self, msg: Message, ctx: CallContext) -> Message:
+        backend = self._backend(msg)
+        if len(msg.tensors) not in (1, 2):
+            raise RemoteError("bad_input", f"moe.backward takes 1 or 2 tensors, got {len(msg.tensors)}")
+        inputs = msg.tensors[1] if len(msg.tensors) == 2 else None
+        with self._tracked():
+            grads = await _as_remote(backend.backward(ctx.peer_id, _aid(msg), msg.tensors[0], inputs))
+        return self._reply([grads])
+
+    async def _info(self, msg: Message, ctx: CallContext) -> Message:
+        backend = self._backend(msg)
+        fields: dict[str, Any] = {**backend.spec.to_fields(), "input_shape": list(backend.input_shape)}
+        return Message(Kind.RESPONSE, 0, fields=fields)
+
+    @contextlib.contextmanager
+    def _tracked(self) -> Any:
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self._in_flight -= 1
+            if self._in_flight == 0:
+                self._idle.set()
+
+
+async def _as_remote(coro: Any) -> torch.Tensor:
+    """Our typed errors become the RemoteError codes trainers act on."""
+    try:
+        result: torch.Tensor = await coro
+    except ExpertRequestError as e:
+        raise RemoteError(e.code, str(e)) from e
+    return result
+
+
+def _aid(msg: Message) -> str:
+    aid = msg.fields.get("aid")
+    if not isinstance(aid, str):
+        raise RemoteError("bad_input", "field 'aid' (activation id) must be a str")
+    return aid

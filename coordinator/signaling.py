@@ -4,6 +4,13 @@ A peer proves its id by signing a fresh nonce with its identity key, so ``sender
 message is always true. The hub never reads the SDP it relays; peers verify each other's signatures
 themselves, so the hub cannot impersonate anyone either. A malformed frame is the client's fault: it
 gets an Error and is disconnected; the hub goes on serving the others.
+
+With accounts (``authorize`` set; the full coordinator), the hello must also carry a bearer token
+that is valid (not expired, forged or revoked) for an account to which the proven key is bound as a
+host; otherwise the peer gets an Error (``token_required``, ``token_invalid``, ``token_expired``,
+``token_revoked``, ``host_not_bound``, ``account_disabled``) and a close code in the 4000 range. Built
+without ``authorize`` the hub admits any key holder (tests, demos). ``limiter`` caps concurrent and
+new sockets per remote address: over the limit, the upgrade is refused with HTTP 429.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -21,11 +28,42 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
+from .ratelimit import ConnectionLimiter
 from .turn import TurnConfig, turn_server
 
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+
+# WebSocket close codes (application range) for refused peers; the Error frame before says more.
+CLOSE_POLICY = 1008
+CLOSE_UNAUTHORIZED = 4401  # no, bad, expired or revoked token; bad key proof
+CLOSE_FORBIDDEN = 4403  # host not bound to the account, or account disabled
+CLOSE_TRY_AGAIN = 1013
+UNAVAILABLE = "unavailable"
+_CLOSE_FOR = {
+    UNAVAILABLE: CLOSE_TRY_AGAIN,
+    sp.AUTH_FAILED: CLOSE_UNAUTHORIZED,
+    sp.TOKEN_REQUIRED: CLOSE_UNAUTHORIZED,
+    sp.TOKEN_INVALID: CLOSE_UNAUTHORIZED,
+    sp.TOKEN_EXPIRED: CLOSE_UNAUTHORIZED,
+    sp.TOKEN_REVOKED: CLOSE_UNAUTHORIZED,
+    sp.HOST_NOT_BOUND: CLOSE_FORBIDDEN,
+    sp.ACCOUNT_DISABLED: CLOSE_FORBIDDEN,
+}
+
+
+class PeerRefused(Exception):
+    """Raised by an authorizer: ``code`` goes to the peer in an Error frame."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+# authorize(token, peer_id): return to admit, raise PeerRefused to refuse. token may be None.
+PeerAuthorizer = Callable[[str | None, str], Awaitable[None]]
 
 
 @dataclass
@@ -34,6 +72,7 @@ class HubStats:
     unknown_peer: int = 0
     malformed: int = 0
     auth_failed: int = 0
+    rate_limited: int = 0
 
 
 @dataclass
@@ -42,11 +81,37 @@ class SignalingHub:
     turn: TurnConfig | None = None
     peers: dict[str, web.WebSocketResponse] = field(default_factory=dict)
     stats: HubStats = field(default_factory=HubStats)
+    authorize: PeerAuthorizer | None = None
+    require_token: bool | None = None  # None: required exactly when ``authorize`` is set
+    limiter: ConnectionLimiter | None = None
+
+    def __post_init__(self) -> None:
+        if self.require_token is None:
+            self.require_token = self.authorize is not None
+        if self.require_token and self.authorize is None:
+            raise ValueError("require_token needs an authorize callable to check the tokens")
 
     def online(self) -> list[str]:
         return sorted(self.peers)
 
-    async def handle(self, request: web.Request) -> web.WebSocketResponse:
+    async def handle(self, request: web.Request) -> web.StreamResponse:
+        address = request.remote or "?"
+        if self.limiter is not None:
+            if not self.limiter.acquire(address):
+                self.stats.rate_limited += 1
+                retry = max(1, int(self.limiter.retry_after(address)))
+                return web.json_response(
+                    {"error": "rate_limited", "message": "too many signaling connections from this address"},
+                    status=429,
+                    headers={"Retry-After": str(retry)},
+                )
+            try:
+                return await self._handle(request)
+            finally:
+                self.limiter.release(address)
+        return await self._handle(request)
+
+    async def _handle(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(max_msg_size=sp.MAX_FRAME_BYTES, heartbeat=20.0)
         await ws.prepare(request)
         peer_id = await self._authenticate(ws)
@@ -83,10 +148,31 @@ class SignalingHub:
             peer_id = peer_id_of(hello.public_key)
         except (msgspec.DecodeError, IdentityError) as e:
             self.stats.auth_failed += 1
-            await self._refuse(ws, "auth_failed", str(e))
+            await self._refuse(ws, sp.AUTH_FAILED, str(e))
             return None
+        if hello.token is not None or self.require_token:
+            refusal = await self._authorize(hello.token, peer_id)
+            if refusal is not None:
+                self.stats.auth_failed += 1
+                await self._refuse(ws, refusal.code, refusal.message)
+                return None
         await ws.send_str(sp.encode(sp.Welcome(peer_id=peer_id, ice_servers=self.ice_servers_for(peer_id))))
         return peer_id
+
+    async def _authorize(self, token: str | None, peer_id: str) -> PeerRefused | None:
+        if token is None:
+            return PeerRefused(sp.TOKEN_REQUIRED, "this hub admits account holders only: send a token")
+        if self.authorize is None:
+            return None  # a token offered to a hub without accounts is ignored
+        try:
+            async with asyncio.timeout(HELLO_TIMEOUT_S):
+                await self.authorize(token, peer_id)
+        except PeerRefused as e:
+            return e
+        except Exception:  # the database is down or slow: the peer may retry later
+            logger.exception("cannot check a signaling token")
+            return PeerRefused(UNAVAILABLE, "the coordinator cannot check tokens right now; retry later")
+        return None
 
     def ice_servers_for(self, peer_id: str) -> list[sp.IceServer]:
         """STUN as configured, plus TURN with a credential minted for this peer (if TURN is set up)."""
@@ -135,4 +221,4 @@ class SignalingHub:
     async def _refuse(ws: web.WebSocketResponse, code: str, message: str) -> None:
         if not ws.closed:
             await ws.send_str(sp.encode(sp.Error(code=code, message=message)))
-            await ws.close()
+            await ws.close(code=_CLOSE_FOR.get(code, CLOSE_POLICY), message=code.encode()[:120])

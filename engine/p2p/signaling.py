@@ -1,6 +1,8 @@
 """Client of the coordinator's signaling socket (see :mod:`engine.p2p.signaling_protocol`).
 
-It authenticates with the node's identity, keeps the socket up (reconnecting with capped backoff
+It authenticates with the node's identity (and, for a hub that requires accounts, a bearer token:
+fixed, or fetched from ``token_provider`` before every connect so a refreshed token is used on
+reconnect), keeps the socket up (reconnecting with capped backoff
 after a network change), hands relayed descriptions to the connection layer and routes the hub's
 errors back to whoever sent the message they refer to, so a dial to an offline peer fails at once
 instead of waiting out its timeout.
@@ -13,7 +15,7 @@ import contextlib
 import itertools
 import logging
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import msgspec
@@ -27,7 +29,16 @@ logger = logging.getLogger(__name__)
 
 SignalHandler = Callable[[sp.Signal], None]
 ErrorHandler = Callable[[sp.Error], None]
+TokenProvider = Callable[[], Awaitable[str | None]]
 MAX_WATCHED = 1024
+
+
+class SignalingRefused(SignalingError):
+    """The hub answered our hello with an error; ``code`` says why (see signaling_protocol)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"signaling refused us: {code}: {message}")
+        self.code = code
 
 
 class SignalingClient:
@@ -39,9 +50,13 @@ class SignalingClient:
         *,
         connect_timeout: float = 10.0,
         max_backoff: float = 30.0,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
     ) -> None:
         self.url = url
         self.identity = identity
+        self.token = token
+        self.token_provider = token_provider
         self.on_signal = on_signal
         self.connect_timeout = connect_timeout
         self.max_backoff = max_backoff
@@ -63,6 +78,12 @@ class SignalingClient:
 
     async def _open(self) -> None:
         assert self._session is not None
+        token = self.token
+        if self.token_provider is not None:
+            try:
+                token = await asyncio.wait_for(self.token_provider(), self.connect_timeout)
+            except Exception as e:
+                raise SignalingError(f"cannot get a signaling token: {e!r}") from e
         try:
             async with asyncio.timeout(self.connect_timeout):
                 ws = await self._session.ws_connect(self.url, max_msg_size=sp.MAX_FRAME_BYTES, heartbeat=20.0)
@@ -72,6 +93,7 @@ class SignalingClient:
                 hello = sp.Hello(
                     public_key=self.identity.public_key,
                     signature=self.identity.sign(sp.DOMAIN + challenge.nonce),
+                    token=token,
                 )
                 await ws.send_str(sp.encode(hello))
                 reply = sp.client_decoder.decode(await ws.receive_str())
@@ -79,7 +101,7 @@ class SignalingClient:
             raise SignalingError(f"cannot join signaling at {self.url}: {e!r}") from e
         if isinstance(reply, sp.Error):
             await ws.close()
-            raise SignalingError(f"signaling refused us: {reply.code}: {reply.message}")
+            raise SignalingRefused(reply.code, reply.message)
         if not isinstance(reply, sp.Welcome) or reply.peer_id != self.identity.peer_id:
             await ws.close()
             raise SignalingError("signaling answered the hello with something else than our welcome")

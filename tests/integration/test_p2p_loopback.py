@@ -192,12 +192,18 @@ async def test_slow_reader_over_real_aiortc_bounds_both_sides(make_peer: MakePee
     client = await make_peer(config=config)
     await client.connect(server.peer_id)
     channel = client.links[server.peer_id].rpc.channel
+    sender = server.links[client.peer_id].rpc.channel
     held, got = 0, []
-    async for m in client.stream(server.peer_id, "firehose", timeout=20):
+    async for m in client.stream(server.peer_id, "firehose", timeout=30):
         got.append(int(m.tensors[0][0]))
-        held = max(held, channel.deframer.held)
-        await asyncio.sleep(0.1)  # a reader at 10 MB/s, slower than the link
+        if len(got) == 1:
+            # Stop reading until the sender has run out of credit, however fast or slow the link is.
+            async with asyncio.timeout(20):
+                while sender.credit >= 256 << 10:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.3)  # a stalled sender sends nothing more
+            held = channel.deframer.held
+            assert sender.credit < 256 << 10
     assert got == list(range(24))
     assert window // 2 < held <= window  # the window filled up (back-pressure engaged) and held
-    sender = server.links[client.peer_id].rpc.channel
     assert sender.peak_buffered <= sender.high_water + (256 << 10)

@@ -1,0 +1,283 @@
+"""Accounts, teams, hosts and the allowlist.
+
+Anyone may register a display name (optionally in a team) and gets a volunteer token; only an admin
+grants ``trainer`` or ``admin`` (the first admin is made by the operator: ``set_role(..., by=None)``).
+In allowlist mode only names on the allowlist may register. An account binds hosts (peer keys) by
+showing a signature of ``BIND_DOMAIN + account id`` made with the host's key, so nobody can bind a key
+they do not hold, and a key holder's proof binds to that one account only.
+
+Names are display text: 1..64 characters after NFC normalization, no control, format or separator
+characters, no surrounding whitespace. Anything else (``<b>``, quotes, ``'; DROP TABLE``) is stored
+verbatim through bound parameters; pages escape it. Uniqueness is case-insensitive. Errors::
+
+    AccountError         code -> HTTP status in api_accounts
+    ├── InvalidName      invalid_name       400
+    ├── InvalidRole      invalid_role       400
+    ├── InvalidKey       invalid_key        400
+    ├── BadProof         bad_proof          403   the signature does not prove the key
+    ├── Forbidden        forbidden          403   not an admin, or the account is disabled
+    ├── NotAllowlisted   not_allowlisted    403
+    ├── NotFound         not_found          404
+    └── Conflict         name_taken / host_taken   409
+"""
+
+from __future__ import annotations
+
+import unicodedata
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from engine.p2p.errors import IdentityError
+from engine.p2p.identity import peer_id_of, verify
+
+from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Team
+
+BIND_DOMAIN = b"lah-bind-host-v1\x00"
+_BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
+
+
+class AccountError(Exception):
+    code = "account_error"
+
+
+class InvalidName(AccountError):
+    code = "invalid_name"
+
+
+class InvalidRole(AccountError):
+    code = "invalid_role"
+
+
+class InvalidKey(AccountError):
+    code = "invalid_key"
+
+
+class BadProof(AccountError):
+    code = "bad_proof"
+
+
+class Forbidden(AccountError):
+    code = "forbidden"
+
+
+class NotAllowlisted(AccountError):
+    code = "not_allowlisted"
+
+
+class NotFound(AccountError):
+    code = "not_found"
+
+
+class Conflict(AccountError):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def validate_name(value: object, what: str = "name") -> str:
+    """The NFC form of a valid display name; raise InvalidName otherwise."""
+    if not isinstance(value, str):
+        raise InvalidName(f"{what} must be a string")
+    name = unicodedata.normalize("NFC", value)
+    if not name:
+        raise InvalidName(f"{what} must not be empty")
+    if len(name) > NAME_MAX:
+        raise InvalidName(f"{what} is longer than {NAME_MAX} characters")
+    if name != name.strip():
+        raise InvalidName(f"{what} must not start or end with whitespace")
+    for ch in name:
+        if unicodedata.category(ch) in _BAD_CATEGORIES:
+            raise InvalidName(f"{what} contains a control or invisible character (U+{ord(ch):04X})")
+    return name
+
+
+def bind_message(account_id: int) -> bytes:
+    """What a host signs with its identity key to be bound to ``account_id``."""
+    return BIND_DOMAIN + str(account_id).encode("ascii")
+
+
+@dataclass(frozen=True)
+class AccountView:
+    id: int
+    name: str
+    team: str | None
+    role: str
+    disabled: bool
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "name": self.name, "team": self.team, "role": self.role}
+
+
+class Accounts:
+    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, allowlist_mode: bool = False) -> None:
+        self.sessions = sessions
+        self.allowlist_mode = allowlist_mode
+
+    # -- registration -------------------------------------------------------------------------------
+
+    async def register(self, name: object, team: object = None) -> AccountView:
+        name = validate_name(name)
+        team_name = None if team is None else validate_name(team, "team name")
+        async with self.sessions() as s:
+            if self.allowlist_mode:
+                listed = await s.get(AllowlistEntry, name)
+                if listed is None:
+                    raise NotAllowlisted("registration is by invitation: this name is not on the allowlist")
+            taken = await s.execute(select(Account.id).where(func.lower(Account.name) == name.lower()))
+            if taken.first() is not None:
+                raise Conflict("name_taken", "that name is taken")
+        team_id = None if team_name is None else await self._team_id(team_name)
+        try:
+            async with self.sessions() as s, s.begin():
+                account = Account(name=name, team_id=team_id, role="volunteer")
+                s.add(account)
+                await s.flush()
+                account_id = account.id
+        except IntegrityError as e:  # a concurrent registration of the same name
+            raise Conflict("name_taken", "that name is taken") from e
+        return await self.get(account_id)
+
+    async def _team_id(self, team_name: str) -> int:
+        for _ in range(3):
+            async with self.sessions() as s:
+                found = await s.execute(select(Team.id).where(func.lower(Team.name) == team_name.lower()))
+                row = found.first()
+                if row is not None:
+                    return int(row[0])
+            try:
+                async with self.sessions() as s, s.begin():
+                    new = Team(name=team_name)
+                    s.add(new)
+                    await s.flush()
+                    return new.id
+            except IntegrityError:  # created concurrently: look it up again
+                continue
+        raise Conflict("team_conflict", "could not create the team; try again")
+
+    # -- lookups ------------------------------------------------------------------------------------
+
+    async def get(self, account_id: int) -> AccountView:
+        async with self.sessions() as s:
+            row = (
+                await s.execute(
+                    select(Account.id, Account.name, Team.name, Account.role, Account.disabled)
+                    .outerjoin(Team, Account.team_id == Team.id)
+                    .where(Account.id == account_id)
+                )
+            ).first()
+        if row is None:
+            raise NotFound("no such account")
+        return AccountView(int(row[0]), row[1], row[2], row[3], bool(row[4]))
+
+    async def by_name(self, name: object) -> AccountView:
+        if not isinstance(name, str):
+            raise NotFound("no such account")
+        async with self.sessions() as s:
+            found = await s.execute(select(Account.id).where(Account.name == name))
+            row = found.first()
+        if row is None:
+            raise NotFound("no such account")
+        return await self.get(int(row[0]))
+
+    async def hosts_of(self, account_id: int) -> list[str]:
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(Host.peer_id).where(Host.account_id == account_id).order_by(Host.peer_id)
+            )
+            return [r[0] for r in rows]
+
+    async def host_owner(self, peer_id: str) -> int | None:
+        """The account a host is bound to, or None."""
+        async with self.sessions() as s:
+            row = (await s.execute(select(Host.account_id).where(Host.peer_id == peer_id))).first()
+        return None if row is None else int(row[0])
+
+    # -- hosts --------------------------------------------------------------------------------------
+
+    async def bind_host(self, account_id: int, public_key: bytes, signature: bytes) -> tuple[str, bool]:
+        """Bind the key to the account; returns (peer id, whether it was newly bound)."""
+        try:
+            peer_id = peer_id_of(public_key)
+        except IdentityError as e:
+            raise InvalidKey(str(e)) from e
+        try:
+            verify(public_key, bind_message(account_id), signature)
+        except IdentityError as e:
+            raise BadProof("the signature does not prove this key for this account") from e
+        account = await self.get(account_id)
+        if account.disabled:
+            raise Forbidden("this account is disabled")
+        owner = await self.host_owner(peer_id)
+        if owner == account_id:
+            return peer_id, False
+        if owner is not None:
+            raise Conflict("host_taken", "this host is bound to another account")
+        try:
+            async with self.sessions() as s, s.begin():
+                s.add(Host(peer_id=peer_id, public_key=bytes(public_key), account_id=account_id))
+        except IntegrityError as e:
+            if await self.host_owner(peer_id) == account_id:
+                return peer_id, False
+            raise Conflict("host_taken", "this host is bound to another account") from e
+        return peer_id, True
+
+    # -- administration -----------------------------------------------------------------------------
+
+    async def require_admin(self, account_id: int) -> AccountView:
+        actor = await self.get(account_id)
+        if actor.role != "admin" or actor.disabled:
+            raise Forbidden("this needs an admin account")
+        return actor
+
+    async def set_role(self, name: object, role: object, *, by: int | None) -> AccountView:
+        """Give the account called ``name`` a role. ``by``: the acting admin's id; None for the operator."""
+        if by is not None:
+            await self.require_admin(by)
+        if not isinstance(role, str) or role not in ROLES:
+            raise InvalidRole(f"role must be one of {', '.join(ROLES)}")
+        target = await self.by_name(name)
+        async with self.sessions() as s, s.begin():
+            account = await s.get(Account, target.id)
+            if account is None:
+                raise NotFound("no such account")
+            account.role = role
+        return await self.get(target.id)
+
+    async def set_disabled(self, name: object, disabled: bool, *, by: int | None) -> AccountView:
+        if by is not None:
+            await self.require_admin(by)
+        target = await self.by_name(name)
+        async with self.sessions() as s, s.begin():
+            account = await s.get(Account, target.id)
+            if account is None:
+                raise NotFound("no such account")
+            account.disabled = disabled
+        return await self.get(target.id)
+
+    async def update_allowlist(
+        self, add: Iterable[object] = (), remove: Iterable[object] = (), *, by: int | None
+    ) -> tuple[int, int]:
+        """Add and remove names; returns (added, removed). All names are validated before any change."""
+        if by is not None:
+            await self.require_admin(by)
+        to_add = list(dict.fromkeys(validate_name(n) for n in add))
+        to_remove = list(dict.fromkeys(validate_name(n) for n in remove))
+        added = 0
+        async with self.sessions() as s, s.begin():
+            for name in to_add:
+                if await s.get(AllowlistEntry, name) is None:
+                    s.add(AllowlistEntry(name=name))
+                    added += 1
+            removed = 0
+            if to_remove:
+                result = await s.execute(delete(AllowlistEntry).where(AllowlistEntry.name.in_(to_remove)))
+                removed = int(getattr(result, "rowcount", 0) or 0)
+        return added, removed
+
+    async def allowlist(self) -> Sequence[str]:
+        async with self.sessions() as s:
+            return [r[0] for r in await s.execute(select(AllowlistEntry.name).order_by(AllowlistEntry.name))]

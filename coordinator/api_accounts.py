@@ -1,0 +1,278 @@
+"""JSON API for accounts, hosts and tokens.
+
+::
+
+    POST /api/accounts         {"name", "team"?}                  -> 201 {"account", "token", "expires_at"}
+    POST /api/hosts            {"public_key", "signature"} base64 -> 201 (200 if bound already) {"peer_id"}
+    POST /api/tokens/refresh   (no body)                          -> 200 {"token", "expires_at"}
+    POST /api/tokens/revoke    {"jti"?} (default: this token)     -> 200 {"revoked": jti}
+    POST /api/admin/role       {"name", "role"}                   -> 200 {"account"}
+    POST /api/admin/allowlist  {"add"?: [...], "remove"?: [...]}  -> 200 {"added", "removed"}
+    GET  /api/me                                                  -> 200 {"account", "hosts", "token"}
+
+Authenticated calls take ``Authorization: Bearer <token>``. Bodies are JSON, at most
+``MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
+``{"error": code, "message": text}`` with 400 (malformed), 401 (no, bad, expired or revoked token),
+403, 404, 409 (name or host taken), 413 (body too large) or 429 (rate limited, with Retry-After), and
+changes nothing. The signature for ``/api/hosts`` is the host key's signature of
+``accounts.bind_message(account id)``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from aiohttp import web
+
+from .accounts import (
+    AccountError,
+    BadProof,
+    Conflict,
+    Forbidden,
+    InvalidKey,
+    InvalidName,
+    InvalidRole,
+    NotAllowlisted,
+    NotFound,
+)
+from .services import SERVICES, Services
+from .tokens import MAX_TOKEN_CHARS, Claims, TokenError, is_jti
+
+MAX_BODY_BYTES = 16 * 1024
+MAX_LIST = 1000
+
+Text = Annotated[str, msgspec.Meta(max_length=256)]
+
+
+class RegisterRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Text
+    team: Text | None = None
+
+
+class BindRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    public_key: Annotated[bytes, msgspec.Meta(max_length=64)]
+    signature: Annotated[bytes, msgspec.Meta(max_length=128)]
+
+
+class RevokeRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    jti: Text | None = None
+
+
+class RoleRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Text
+    role: Text
+
+
+class AllowlistRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    add: Annotated[list[Text], msgspec.Meta(max_length=MAX_LIST)] = []
+    remove: Annotated[list[Text], msgspec.Meta(max_length=MAX_LIST)] = []
+
+
+class Empty(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    pass
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+
+
+_STATUS: list[tuple[type[AccountError], int]] = [
+    (InvalidName, 400),
+    (InvalidRole, 400),
+    (InvalidKey, 400),
+    (BadProof, 403),
+    (Forbidden, 403),
+    (NotAllowlisted, 403),
+    (NotFound, 404),
+    (Conflict, 409),
+]
+
+
+def _status_of(error: AccountError) -> int:
+    for cls, status in _STATUS:
+        if isinstance(error, cls):
+            return status
+    return 400
+
+
+def error_response(
+    status: int, code: str, message: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status, headers=headers)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return error_response(e.status, e.code, e.message, e.headers)
+        except TokenError as e:
+            return error_response(401, e.code, str(e), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        except AccountError as e:
+            return error_response(_status_of(e), e.code, str(e))
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+T = TypeVar("T")
+
+
+async def read_body(request: web.Request, kind: type[T]) -> T:
+    """The request's JSON body as ``kind``; an empty body counts as ``{}``."""
+    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+        raise ApiError(413, "too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    body = bytearray()
+    while True:
+        chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(body))
+        if not chunk:
+            break
+        body += chunk
+        if len(body) > MAX_BODY_BYTES:
+            raise ApiError(413, "too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
+    try:
+        return msgspec.json.decode(bytes(body) or b"{}", type=kind)
+    except msgspec.ValidationError as e:
+        raise ApiError(400, "invalid_request", str(e)) from e
+    except msgspec.DecodeError as e:
+        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+
+
+def _services(request: web.Request) -> Services:
+    return request.app[SERVICES]
+
+
+def bearer_token(request: web.Request) -> str:
+    header = request.headers.get("Authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401, "token_required", "send Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
+        )
+    token = token.strip()
+    if len(token) > MAX_TOKEN_CHARS:
+        raise TokenError("token is malformed")
+    return token
+
+
+async def _authenticate(request: web.Request) -> tuple[Claims, str]:
+    token = bearer_token(request)
+    return await _services(request).tokens.verify(token), token
+
+
+def _client_key(request: web.Request) -> str:
+    return request.remote or "?"
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status)
+
+
+@_json_errors
+async def register(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    key = _client_key(request)
+    if not services.register_limiter.allow(key):
+        retry = max(1, math.ceil(services.register_limiter.retry_after(key)))
+        raise ApiError(
+            429, "rate_limited", "too many registrations from this address", {"Retry-After": str(retry)}
+        )
+    body = await read_body(request, RegisterRequest)
+    account = await services.accounts.register(body.name, body.team)
+    token = services.tokens.issue(account.id, account.role)
+    claims = services.tokens.decode(token)
+    return _json({"account": account.to_json(), "token": token, "expires_at": claims.exp}, status=201)
+
+
+@_json_errors
+async def bind_host(request: web.Request) -> web.StreamResponse:
+    claims, _ = await _authenticate(request)
+    body = await read_body(request, BindRequest)
+    peer_id, created = await _services(request).accounts.bind_host(
+        claims.sub, body.public_key, body.signature
+    )
+    return _json({"peer_id": peer_id}, status=201 if created else 200)
+
+
+@_json_errors
+async def refresh(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, token = await _authenticate(request)
+    await read_body(request, Empty)
+    account = await services.accounts.get(claims.sub)
+    if account.disabled:
+        raise Forbidden("this account is disabled")
+    new = await services.tokens.refresh(token, role=account.role)
+    return _json({"token": new, "expires_at": services.tokens.decode(new).exp})
+
+
+@_json_errors
+async def revoke(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, _ = await _authenticate(request)
+    body = await read_body(request, RevokeRequest)
+    jti = claims.jti if body.jti is None else body.jti
+    if not is_jti(jti):
+        raise ApiError(400, "invalid_request", "jti must be 32 lowercase hex characters")
+    if jti == claims.jti:
+        await services.tokens.revoke(jti, claims.exp)
+    else:  # someone else's token: admins only (they learn jtis from logs or reports)
+        await services.accounts.require_admin(claims.sub)
+        await services.tokens.revoke(jti)
+    return _json({"revoked": jti})
+
+
+@_json_errors
+async def set_role(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, _ = await _authenticate(request)
+    body = await read_body(request, RoleRequest)
+    account = await services.accounts.set_role(body.name, body.role, by=claims.sub)
+    return _json({"account": account.to_json()})
+
+
+@_json_errors
+async def allowlist(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, _ = await _authenticate(request)
+    body = await read_body(request, AllowlistRequest)
+    added, removed = await services.accounts.update_allowlist(body.add, body.remove, by=claims.sub)
+    return _json({"added": added, "removed": removed})
+
+
+@_json_errors
+async def me(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, _ = await _authenticate(request)
+    account = await services.accounts.get(claims.sub)
+    hosts = await services.accounts.hosts_of(claims.sub)
+    return _json(
+        {
+            "account": account.to_json(),
+            "hosts": hosts,
+            "token": {"jti": claims.jti, "role": claims.role, "expires_at": claims.exp},
+        }
+    )
+
+
+def setup_routes(app: web.Application) -> None:
+    """Add the account API to ``app``; ``app[SERVICES]`` must be set before the app starts."""
+    app.router.add_post("/api/accounts", register)
+    app.router.add_post("/api/hosts", bind_host)
+    app.router.add_post("/api/tokens/refresh", refresh)
+    app.router.add_post("/api/tokens/revoke", revoke)
+    app.router.add_post("/api/admin/role", set_role)
+    app.router.add_post("/api/admin/allowlist", allowlist)
+    app.router.add_get("/api/me", me)

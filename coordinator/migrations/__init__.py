@@ -1,0 +1,60 @@
+"""Alembic migrations of the coordinator's database (SQLite and PostgreSQL).
+
+The app calls :func:`migrate` at startup (upgrade to head). By hand, from the repository root::
+
+    alembic upgrade head                       # LAH_DATABASE_URL, else the SQLite file in the data dir
+    alembic revision --autogenerate -m "..."   # after changing coordinator/db/models.py
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Connection
+
+from ..db.session import default_url, make_engine
+
+HERE = Path(__file__).resolve().parent
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(HERE))
+    # Percent signs in a URL (escaped passwords) would read as ConfigParser interpolation.
+    cfg.set_main_option("sqlalchemy.url", (url or default_url()).replace("%", "%%"))
+    return cfg
+
+
+async def migrate(url: str | None = None, *, search_path: str | None = None, revision: str = "head") -> None:
+    """Upgrade the database at ``url`` to ``revision`` (PostgreSQL: inside ``search_path``'s schema)."""
+    cfg = alembic_config(url)
+    engine = make_engine(url or default_url(), search_path=search_path)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_upgrade, cfg, revision)
+    finally:
+        await engine.dispose()
+
+
+async def downgrade(
+    url: str | None = None, *, search_path: str | None = None, revision: str = "base"
+) -> None:
+    cfg = alembic_config(url)
+    engine = make_engine(url or default_url(), search_path=search_path)
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(_downgrade, cfg, revision)
+    finally:
+        await engine.dispose()
+
+
+def _upgrade(connection: Connection, cfg: Config, revision: str) -> None:
+    cfg.attributes["connection"] = connection
+    command.upgrade(cfg, revision)
+
+
+def _downgrade(connection: Connection, cfg: Config, revision: str) -> None:
+    cfg.attributes["connection"] = connection
+    command.downgrade(cfg, revision)

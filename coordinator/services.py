@@ -1,0 +1,96 @@
+"""What the coordinator's handlers share: configuration, database, token authority, accounts, limits.
+
+``open_services(config)`` migrates the database to the newest schema, loads (or creates) the token
+signing key and builds the rest; ``close()`` releases the database. The web app keeps the result
+under ``SERVICES``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from engine.p2p import signaling_protocol as sp
+
+from .accounts import Accounts, NotFound
+from .config import CoordinatorConfig
+from .db.session import default_url, make_engine, session_factory
+from .ratelimit import ConnectionLimiter, RateLimiter
+from .signaling import PeerRefused
+from .tokens import TokenAuthority, TokenError, load_signing_key
+
+
+@dataclass
+class Services:
+    config: CoordinatorConfig
+    engine: AsyncEngine
+    sessions: async_sessionmaker[AsyncSession]
+    tokens: TokenAuthority
+    accounts: Accounts
+    register_limiter: RateLimiter
+    ws_limiter: ConnectionLimiter
+    owns_engine: bool = True
+
+    async def close(self) -> None:
+        if self.owns_engine:
+            await self.engine.dispose()
+
+    async def authorize_peer(self, token: str | None, peer_id: str) -> None:
+        """The signaling hub's check: a valid token of an enabled account that ``peer_id`` is bound to."""
+        if token is None:
+            raise PeerRefused(sp.TOKEN_REQUIRED, "this hub admits account holders only: send a token")
+        try:
+            claims = await self.tokens.verify(token)
+        except TokenError as e:
+            raise PeerRefused(e.code, str(e)) from e
+        if claims.peer is not None and claims.peer != peer_id:
+            raise PeerRefused(sp.TOKEN_INVALID, "this token was issued for another host")
+        try:
+            account = await self.accounts.get(claims.sub)
+        except NotFound as e:
+            raise PeerRefused(sp.TOKEN_INVALID, "the token's account does not exist") from e
+        if account.disabled:
+            raise PeerRefused(sp.ACCOUNT_DISABLED, "this account is disabled")
+        if await self.accounts.host_owner(peer_id) != claims.sub:
+            raise PeerRefused(sp.HOST_NOT_BOUND, f"host {peer_id[:12]} is not bound to this account")
+
+
+SERVICES = web.AppKey("services", Services)
+
+
+async def open_services(
+    config: CoordinatorConfig,
+    *,
+    engine: AsyncEngine | None = None,
+    search_path: str | None = None,
+    run_migrations: bool = True,
+    clock: Callable[[], float] = time.time,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> Services:
+    """Build the services. ``engine``: use this database as it is (tests; not disposed by ``close``)."""
+    owns_engine = engine is None
+    if engine is None:
+        url = config.database_url or default_url()
+        if run_migrations:
+            from .migrations import migrate
+
+            await migrate(url, search_path=search_path)
+        engine = make_engine(url, search_path=search_path)
+    sessions = session_factory(engine)
+    tokens = TokenAuthority(
+        load_signing_key(config.token_key_path), sessions, ttl_s=config.token_ttl_s, clock=clock
+    )
+    return Services(
+        config=config,
+        engine=engine,
+        sessions=sessions,
+        tokens=tokens,
+        accounts=Accounts(sessions, allowlist_mode=config.allowlist_mode),
+        register_limiter=RateLimiter.per_minute(config.register_per_ip_per_minute, clock=monotonic),
+        ws_limiter=ConnectionLimiter(config.max_ws_per_ip, clock=monotonic),
+        owns_engine=owns_engine,
+    )

@@ -1,0 +1,244 @@
+"""Bearer tokens: signed by the coordinator's Ed25519 key, short-lived, refreshable and revocable.
+
+Format (compact, URL-safe, no padding)::
+
+    base64url(msgpack(Claims)) "." base64url(Ed25519 signature over DOMAIN + msgpack bytes)
+
+The claims say who (``sub``: account id), as what (``role``), which token (``jti``: random hex, the
+revocation handle), when (``iat``/``exp``: unix seconds) and optionally for which host (``peer``).
+Checks run cheapest first: size and shape, signature, expiry, then revocation (the ``revoked_tokens``
+table, behind a small in-memory cache). Errors::
+
+    TokenError             code says which; the API answers 401, the signaling hub closes the socket
+    ├── TokenInvalid       malformed, forged (bad signature, other key) or claims out of range
+    ├── TokenExpired       past ``exp`` (or issued in the future beyond the clock skew)
+    └── TokenRevoked       its jti is in the revocation table (refreshed, logged out, revoked by an admin)
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import secrets
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+import platformdirs
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from engine.p2p.errors import IdentityError
+from engine.p2p.identity import APP_NAME, Identity
+
+from .db.models import ROLES, RevokedToken
+
+DOMAIN = b"lah-token-v1\x00"
+KEY_FILE = "coordinator-token.key"
+MAX_TOKEN_CHARS = 1024  # a real token is ~200 characters; anything longer is refused unparsed
+CLOCK_SKEW_S = 60.0
+JTI_BYTES = 16  # 32 hex characters: RevokedToken.jti is String(32)
+
+
+class TokenError(Exception):
+    code = "token_invalid"
+
+
+class TokenInvalid(TokenError):
+    code = "token_invalid"
+
+
+class TokenExpired(TokenError):
+    code = "token_expired"
+
+
+class TokenRevoked(TokenError):
+    code = "token_revoked"
+
+
+class Claims(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    sub: int
+    role: str
+    jti: str
+    iat: int
+    exp: int
+    peer: str | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Claims)
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode("ascii")
+
+
+def _unb64(text: str) -> bytes:
+    if not text or not text.isascii():
+        raise TokenInvalid("token is not base64url")
+    try:
+        return base64.b64decode(text + "=" * (-len(text) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise TokenInvalid("token is not base64url") from e
+
+
+def is_jti(value: object) -> bool:
+    return isinstance(value, str) and len(value) == 2 * JTI_BYTES and all(c in _HEX for c in value)
+
+
+_HEX = frozenset("0123456789abcdef")
+
+
+def default_key_path() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME)) / KEY_FILE
+
+
+def load_signing_key(path: str | Path | None = None) -> Ed25519PrivateKey:
+    """The token key at ``path`` (default: the user data dir), created 0600 on first use."""
+    try:
+        return Identity.load_or_create(Path(path) if path is not None else default_key_path()).private_key
+    except IdentityError as e:
+        raise TokenError(f"cannot load the token signing key: {e}") from e
+
+
+class TokenAuthority:
+    """Issues and checks tokens. ``sessions`` reaches the revocation table; ``clock`` is for tests."""
+
+    def __init__(
+        self,
+        key: Ed25519PrivateKey,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        ttl_s: float = 24 * 3600,
+        clock: Callable[[], float] = time.time,
+        cache_size: int = 4096,
+        negative_cache_s: float = 5.0,
+    ) -> None:
+        self._key = key
+        self.public_key: Ed25519PublicKey = key.public_key()
+        self.sessions = sessions
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self.cache_size = cache_size
+        # Negative answers ("not revoked") are cached briefly: a revocation made through this
+        # authority is seen at once; one made by another coordinator process within negative_cache_s.
+        self.negative_cache_s = negative_cache_s
+        self._revoked: OrderedDict[str, float] = OrderedDict()  # jti -> exp
+        self._not_revoked: OrderedDict[str, float] = OrderedDict()  # jti -> checked at
+
+    # -- issuing ------------------------------------------------------------------------------------
+
+    def issue(self, sub: int, role: str, *, peer: str | None = None, now: float | None = None) -> str:
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}")
+        now = self.clock() if now is None else now
+        claims = Claims(
+            sub=sub,
+            role=role,
+            jti=secrets.token_hex(JTI_BYTES),
+            iat=int(now),
+            exp=int(now + self.ttl_s),
+            peer=peer,
+        )
+        payload = _encoder.encode(claims)
+        return _b64(payload) + "." + _b64(self._key.sign(DOMAIN + payload))
+
+    # -- checking -----------------------------------------------------------------------------------
+
+    def decode(self, token: str, now: float | None = None) -> Claims:
+        """Signature and expiry only (no database): raise TokenInvalid or TokenExpired."""
+        if not isinstance(token, str) or len(token) > MAX_TOKEN_CHARS:
+            raise TokenInvalid("token is malformed")
+        payload_b64, dot, sig_b64 = token.partition(".")
+        if not dot or "." in sig_b64:
+            raise TokenInvalid("token is malformed")
+        payload, signature = _unb64(payload_b64), _unb64(sig_b64)
+        try:
+            self.public_key.verify(signature, DOMAIN + payload)
+        except InvalidSignature as e:
+            raise TokenInvalid("token signature does not verify") from e
+        try:
+            claims = _decoder.decode(payload)
+        except msgspec.DecodeError as e:  # signed by us, so only a format change gets here
+            raise TokenInvalid(f"token claims are malformed: {e}") from e
+        if claims.role not in ROLES or not is_jti(claims.jti):
+            raise TokenInvalid("token claims are out of range")
+        now = self.clock() if now is None else now
+        if now >= claims.exp:
+            raise TokenExpired("token has expired")
+        if claims.iat > now + CLOCK_SKEW_S:
+            raise TokenExpired("token is not valid yet")
+        return claims
+
+    async def verify(self, token: str, now: float | None = None) -> Claims:
+        """Full check: signature, expiry and revocation. Raises a TokenError."""
+        claims = self.decode(token, now)
+        if await self.is_revoked(claims.jti):
+            raise TokenRevoked("token has been revoked")
+        return claims
+
+    async def is_revoked(self, jti: str) -> bool:
+        if jti in self._revoked:
+            self._revoked.move_to_end(jti)
+            return True
+        checked = self._not_revoked.get(jti)
+        if checked is not None and self.clock() - checked < self.negative_cache_s:
+            return False
+        async with self.sessions() as s:
+            row = (await s.execute(select(RevokedToken.jti).where(RevokedToken.jti == jti))).first()
+        if row is not None:
+            self._remember_revoked(jti, 0.0)
+            return True
+        self._not_revoked[jti] = self.clock()
+        self._not_revoked.move_to_end(jti)
+        while len(self._not_revoked) > self.cache_size:
+            self._not_revoked.popitem(last=False)
+        return False
+
+    # -- refresh and revocation ---------------------------------------------------------------------
+
+    async def refresh(self, token: str, *, role: str | None = None, now: float | None = None) -> str:
+        """A new token for the same subject (``role`` overrides the old claim); the old one is revoked.
+
+        Single use: of two concurrent refreshes of one token, the second finds its jti already revoked.
+        """
+        claims = await self.verify(token, now)
+        if not await self._insert_revocation(claims.jti, claims.exp):
+            raise TokenRevoked("token has been revoked")
+        return self.issue(claims.sub, role or claims.role, peer=claims.peer, now=now)
+
+    async def revoke(self, jti: str, expires_at: float | None = None) -> None:
+        """Revoke ``jti`` (idempotent). ``expires_at``: when the row may be pruned (default: now + ttl)."""
+        if not is_jti(jti):
+            raise TokenInvalid("a token id is 32 lowercase hex characters")
+        await self._insert_revocation(jti, self.clock() + self.ttl_s if expires_at is None else expires_at)
+
+    async def _insert_revocation(self, jti: str, expires_at: float) -> bool:
+        """True if this call revoked ``jti``, False if it already was."""
+        self._not_revoked.pop(jti, None)
+        try:
+            async with self.sessions() as s, s.begin():
+                s.add(RevokedToken(jti=jti, expires_at=float(expires_at)))
+        except IntegrityError:
+            self._remember_revoked(jti, expires_at)
+            return False
+        self._remember_revoked(jti, expires_at)
+        return True
+
+    def _remember_revoked(self, jti: str, expires_at: float) -> None:
+        self._revoked[jti] = expires_at
+        self._revoked.move_to_end(jti)
+        while len(self._revoked) > self.cache_size:
+            self._revoked.popitem(last=False)
+
+    async def prune(self, now: float | None = None) -> int:
+        """Delete revocations of tokens that have expired anyway; returns how many."""
+        now = self.clock() if now is None else now
+        async with self.sessions() as s, s.begin():
+            result = await s.execute(delete(RevokedToken).where(RevokedToken.expires_at < now))
+        return int(getattr(result, "rowcount", 0) or 0)

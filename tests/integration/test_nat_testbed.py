@@ -1,0 +1,212 @@
+"""Peers behind emulated NATs in network namespaces: connectivity matrix, faults, bad input.
+
+Everything runs in namespaces this module creates (see tests/nat/topology.py); only when they cannot be
+created (not root, tools missing) is the whole module skipped, with the reason. One testbed serves the
+module: two peers per NAT kind (full cone, port-restricted cone, symmetric), two public peers, coturn
+and the coordinator, each a process in its namespace. Every test starts from fresh links.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.nat import topology
+from tests.nat.scenarios import call, drop_all_links, run_matrix, standard_testbed, summarize, table
+from tests.nat.topology import Testbed
+
+pytestmark = pytest.mark.integration
+
+CONNECT_TIMEOUT = 15.0  # the engine's default LinkConfig.connect_timeout
+
+
+@pytest.fixture(scope="module")
+def tb() -> Iterator[Testbed]:
+    try:
+        topology.check_available()
+    except topology.TestbedUnavailable as e:
+        pytest.skip(f"NAT TESTBED NOT RUN: {e}")
+    with standard_testbed(connect_timeout=CONNECT_TIMEOUT) as bed:
+        yield bed
+
+
+@pytest.fixture
+def fresh(tb: Testbed) -> Testbed:
+    drop_all_links(tb)
+    return tb
+
+
+def ok(out: dict[str, Any]) -> dict[str, Any]:
+    assert out["ok"], out
+    return out
+
+
+def wait_signaling(tb: Testbed, timeout: float = 30.0) -> None:
+    """Until every peer is back on the coordinator's socket (its reconnect backoff is up to 30 s)."""
+    deadline = time.monotonic() + timeout
+    for node in tb.nodes.values():
+        assert node.proc is not None
+        while not node.proc.request({"cmd": "ice"}, timeout=10)["signaling"]:
+            assert time.monotonic() < deadline, f"{node.name} did not rejoin signaling in {timeout} s"
+            time.sleep(0.2)
+
+
+def test_every_pair_of_nat_kinds_connects(fresh: Testbed) -> None:
+    results = run_matrix(fresh)
+    print(table(results))
+    summary = summarize(results)
+    print(summary)
+    assert summary["connected"] == summary["pairs"] == 10, table(results)
+    for r in results:
+        assert r.types is not None
+        if r.expect_relay:
+            assert r.relayed, f"{r.kinds} cannot connect directly, yet got {r.types}"
+        assert r.connect_ms is not None and r.connect_ms < 2000, f"{r.kinds} took {r.connect_ms:.0f} ms"
+    # aioice nominates the first pair whose check succeeds, not the best one, so a relay pair can win the
+    # race where a direct path exists (seen for full cone <-> port-restricted); the report counts them.
+    public = [r for r in results if "public" in r.kinds]
+    assert not any(r.relayed for r in public), table(public)
+
+
+def test_latency_100ms_rtt_with_jitter(fresh: Testbed) -> None:
+    with fresh.latency("por1", delay_ms=50, jitter_ms=10):  # both directions: RTT +100 ms +-20 ms
+        out = ok(call(fresh, "por1", "pub1", nbytes=1 << 20, timeout=30))
+        assert out["connect_ms"] > 100  # the delay is really there: ICE needs at least one round trip
+        again = ok(call(fresh, "por1", "pub1", nbytes=1 << 20, timeout=30))
+        assert again["connect_ms"] is None  # the same link
+    ok(call(fresh, "por1", "pub1", nbytes=1 << 20, timeout=20))
+
+
+@pytest.mark.parametrize("loss", [0.01, 0.05])
+def test_packet_loss(fresh: Testbed, loss: float) -> None:
+    with fresh.loss("ful1", loss):
+        ok(call(fresh, "ful1", "pub1", nbytes=1 << 20, timeout=40))
+        ok(call(fresh, "ful1", "por1", nbytes=256 << 10, timeout=40))
+
+
+def test_link_down_10s_and_back(fresh: Testbed) -> None:
+    ok(call(fresh, "pub1", "por1", timeout=20))
+    with fresh.outage("por1"):
+        started = time.monotonic()
+        out = call(fresh, "pub1", "por1", nbytes=256 << 10, timeout=3)
+        assert not out["ok"] and out["error"].startswith("RpcTimeout"), out
+        assert time.monotonic() - started < 3 + 5  # fails within its timeout (+ process round trip)
+        time.sleep(max(0.0, 10 - (time.monotonic() - started)))
+    # The link either survived (aioice's consent needs ~30 s of silence to fail it) or is re-dialed.
+    deadline = time.monotonic() + 60
+    while True:
+        out = call(fresh, "pub1", "por1", nbytes=256 << 10, timeout=20)
+        if out["ok"] or time.monotonic() > deadline:
+            break
+    ok(out)
+    ok(call(fresh, "por1", "pub1", nbytes=256 << 10, timeout=20))
+
+
+def test_nat_mapping_change(fresh: Testbed) -> None:
+    """conntrack -F on a symmetric NAT: the peer's next packets leave from a new port."""
+    first = ok(call(fresh, "pub1", "sym1", timeout=20))
+    fresh.flush_mappings("sym1")
+    started = time.monotonic()
+    out = call(fresh, "pub1", "sym1", nbytes=64 << 10, timeout=3)
+    assert not out["ok"] and out["error"].startswith("RpcTimeout"), out
+    # pub1 keeps sending to the dead mapping until it hears from the new one: sym1's next consent check
+    # (every ~5 s) arrives from the new port and aioice moves the pair there; if it did not, consent
+    # (6 misses) would fail the link after ~30 s and the pool would re-dial.
+    deadline = started + 75
+    while True:
+        out = call(fresh, "pub1", "sym1", nbytes=64 << 10, timeout=5)
+        if out["ok"] or time.monotonic() > deadline:
+            break
+    recovered_s = time.monotonic() - started
+    print(f"mapping change: first {first['addrs']}, recovered after {recovered_s:.1f} s: {out}")
+    ok(out)
+    assert out["addrs"] != first["addrs"]  # the traffic now uses the new mapping
+    ok(call(fresh, "sym1", "pub1", timeout=20))
+
+
+def _restart_peers(tb: Testbed, names: list[str]) -> None:
+    for name in names:
+        tb.stop_peer(name)
+    tb.start_peers(names, connect_timeout=CONNECT_TIMEOUT)
+
+
+def test_bad_turn_credentials(fresh: Testbed) -> None:
+    """Credentials coturn refuses (wrong secret, then expired): relay-only pairs fail, direct ones work."""
+    tb = fresh
+    try:
+        for bad in ("wrong_secret", "expired"):
+            tb.stop_coordinator()
+            if bad == "wrong_secret":
+                tb.start_coordinator(secret="not-" + tb.secret)
+            else:
+                tb.start_coordinator(ttl_s=-60)
+            # The engine takes ICE servers once, at Peer.start(): only peers started now get the bad ones.
+            _restart_peers(tb, ["sym1", "sym2"])
+            sym1 = tb.nodes["sym1"].proc
+            assert sym1 is not None
+            probe = sym1.request({"cmd": "turn_probe"}, timeout=20)
+            assert not probe["ok"] and "401" in probe["servers"][0]["error"], (bad, probe)
+            if bad == "wrong_secret":
+                relayed = sym1.send({"cmd": "call", "peer": tb.nodes["sym2"].peer_id, "timeout": 25})
+                wait_signaling(tb)
+                ok(call(tb, "sym1", "pub1", timeout=20))  # a direct path needs no TURN
+                out = sym1.reply(relayed, timeout=40)
+                assert not out["ok"] and out["error"].startswith("ConnectError"), out
+                print(f"{bad}: relayed pair: {out['error']} | TURN probe: {probe['servers']}")
+    finally:
+        tb.stop_coordinator()
+        tb.start_coordinator()
+        _restart_peers(tb, ["sym1", "sym2"])
+        wait_signaling(tb)
+    ok(call(tb, "sym1", "sym2", timeout=20))  # fresh credentials: relayed again
+
+
+def test_coturn_down(fresh: Testbed) -> None:
+    tb = fresh
+    tb.stop_coturn()
+    try:
+        sym1, ful1 = tb.nodes["sym1"].proc, tb.nodes["ful1"].proc
+        assert sym1 is not None and ful1 is not None
+        probe_req = sym1.send({"cmd": "turn_probe"})
+        # coturn is the only STUN server too: without it no home peer learns its public address, so
+        # NAT <-> NAT pairs fail, the ones that could go direct (cone <-> cone) as well as relayed ones.
+        cone_req = ful1.send(
+            {"cmd": "call", "peer": tb.nodes["ful2"].peer_id, "timeout": CONNECT_TIMEOUT + 5}
+        )
+        # A peer with a public address is still reached directly (peer-reflexive candidates), but only
+        # after both sides' candidate gathering waited out the dead STUN/TURN server (aiortc: 5 s each).
+        direct = ok(call(tb, "pub1", "sym1", timeout=25))
+        assert direct["connect_ms"] > 5000
+        relayed = call(tb, "sym1", "sym2", timeout=CONNECT_TIMEOUT + 5)
+        cone = ful1.reply(cone_req, timeout=CONNECT_TIMEOUT + 15)
+        probe = sym1.reply(probe_req, timeout=30)
+        assert not probe["ok"], probe
+        for out in (cone, relayed):
+            assert not out["ok"] and out["error"].startswith("ConnectError"), out
+        print(
+            "coturn down: public<->symmetric connect", direct["connect_ms"], "ms; cone pair:", cone["error"]
+        )
+        print("relayed pair:", relayed["error"], "| TURN probe:", probe["servers"])
+    finally:
+        tb.start_coturn()
+    ok(call(tb, "sym1", "sym2", timeout=20))
+
+
+def test_coordinator_down_after_connect(fresh: Testbed) -> None:
+    tb = fresh
+    ok(call(tb, "pub1", "por1", timeout=20))
+    ok(call(tb, "sym1", "sym2", timeout=20))
+    tb.stop_coordinator()
+    try:
+        for _ in range(3):
+            ok(call(tb, "pub1", "por1", nbytes=256 << 10, timeout=20))
+            ok(call(tb, "sym2", "sym1", nbytes=256 << 10, timeout=20))
+        out = call(tb, "ful1", "ful2", timeout=5)  # a new link needs signaling
+        assert not out["ok"] and "signaling" in out["error"].lower(), out
+    finally:
+        tb.start_coordinator()
+        wait_signaling(tb)
+    ok(call(tb, "ful1", "ful2", timeout=20))

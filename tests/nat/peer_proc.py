@@ -1,0 +1,267 @@
+"""One engine Peer inside a network namespace, driven by JSON lines: ``python -m tests.nat.peer_proc``.
+
+Starts a :class:`engine.p2p.Peer` with host candidates pinned to ``--host`` (the namespace's address),
+joins the coordinator at ``--signal`` (its ICE servers, TURN credentials included, come from there),
+serves ``echo`` (tensors back) and ``sink`` (byte count back), prints ``{"event":"ready","id":...}`` and
+answers commands read from stdin, one JSON object a line, each answered with its ``req`` echoed back.
+Commands run concurrently (a call may be in flight while another command runs):
+
+- ``{"cmd":"call","peer":ID,"bytes":N,"timeout":T,"method":"echo"}`` -> ``ok``, ``ms`` (whole call),
+  ``connect_ms`` (dial time, null when a link was reused), ``types`` ([local, remote] candidate types of
+  the link's nominated pair) or ``error`` ("ClassName: message")
+- ``{"cmd":"bench","peer":ID,"bytes":TOTAL,"chunk":N,"timeout":T}`` -> ``MBps`` over ``sink`` calls
+- ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T}``
+  -> a plain TCP stream between the same namespaces, for comparison (``MBps``)
+- ``{"cmd":"links"}`` -> every link: remote, usable, state, types; ``{"cmd":"ice"}`` -> ICE servers in use
+- ``{"cmd":"drop_links"}`` closes every link (the next call dials again)
+
+Ends when stdin closes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+import torch
+
+from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer
+from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.connection import close_quietly
+from engine.p2p.eventloop import run
+from engine.p2p.ice_stats import selected_addresses, selected_candidate_types
+from engine.wire import Kind, Message
+
+
+def handlers() -> Handlers:
+    h = Handlers()
+
+    async def echo(msg: Message, ctx: CallContext) -> Message:
+        return Message(Kind.RESPONSE, 0, fields=dict(msg.fields), tensors=msg.tensors)
+
+    async def sink(msg: Message, ctx: CallContext) -> Message:
+        return Message(
+            Kind.RESPONSE, 0, fields={"nbytes": sum(t.numel() * t.element_size() for t in msg.tensors)}
+        )
+
+    h.add_unary("echo", echo)
+    h.add_unary("sink", sink)
+    return h
+
+
+def _error(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}"
+
+
+class Node:
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+        self.tcp_received = 0
+        self._servers: list[asyncio.Server] = []
+
+    def link_info(self, remote: str) -> dict[str, Any]:
+        link = self.peer.links.get(remote)
+        if link is None:
+            return {"remote": remote, "usable": False}
+        return {
+            "remote": remote,
+            "usable": link.usable,
+            "state": link.pc.connectionState,
+            "types": selected_candidate_types(link.pc),
+            "addrs": selected_addresses(link.pc),
+        }
+
+    async def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        remote, timeout = cmd["peer"], float(cmd.get("timeout", 20))
+        nbytes = int(cmd.get("bytes", 0))
+        tensors = [torch.randint(0, 255, (nbytes,), dtype=torch.uint8)] if nbytes else []
+        started = time.monotonic()
+        connect_ms = None
+        try:
+            existing = self.peer.links.get(remote)
+            if existing is None or not existing.usable:
+                async with asyncio.timeout(timeout):
+                    await self.peer.connect(remote)
+                connect_ms = (time.monotonic() - started) * 1000
+            left = max(0.001, timeout - (time.monotonic() - started))
+            reply = await self.peer.call(
+                remote, cmd.get("method", "echo"), {"n": nbytes}, tensors, timeout=left
+            )
+            if (
+                cmd.get("method", "echo") == "echo"
+                and tensors
+                and not torch.equal(reply.tensors[0], tensors[0])
+            ):
+                raise AssertionError("echo returned different bytes")
+        except Exception as e:
+            return {
+                "ok": False,
+                "error": _error(e),
+                "ms": (time.monotonic() - started) * 1000,
+                **self.link_info(remote),
+            }
+        return {
+            "ok": True,
+            "ms": (time.monotonic() - started) * 1000,
+            "connect_ms": connect_ms,
+            **self.link_info(remote),
+        }
+
+    async def bench(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        remote, total, chunk = cmd["peer"], int(cmd["bytes"]), int(cmd.get("chunk", 4 << 20))
+        timeout = float(cmd.get("timeout", 60))
+        x = torch.randint(0, 255, (chunk,), dtype=torch.uint8)
+        await self.peer.call(remote, "sink", {}, [], timeout=timeout)  # connected before the clock starts
+        sent, started = 0, time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                while sent < total:
+                    await self.peer.call(remote, "sink", {}, [x], timeout=timeout)
+                    sent += chunk
+        except Exception as e:
+            return {"ok": False, "error": _error(e), "sent": sent}
+        seconds = time.monotonic() - started
+        return {
+            "ok": True,
+            "bytes": sent,
+            "s": seconds,
+            "MBps": sent / seconds / 1e6,
+            **self.link_info(remote),
+        }
+
+    async def tcp_listen(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            n = 0
+            while chunk := await reader.read(1 << 20):
+                n += len(chunk)
+            writer.write(n.to_bytes(8, "little"))
+            await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, self.peer_host, int(cmd["port"]))
+        self._servers.append(server)
+        return {"ok": True}
+
+    async def tcp_send(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        total, timeout = int(cmd["bytes"]), float(cmd.get("timeout", 60))
+        block = bytes(1 << 20)
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(timeout):
+                reader, writer = await asyncio.open_connection(cmd["host"], int(cmd["port"]))
+                started = time.monotonic()
+                for _ in range(total // len(block)):
+                    writer.write(block)
+                    await writer.drain()
+                writer.write_eof()
+                got = int.from_bytes(await reader.readexactly(8), "little")
+                writer.close()
+        except Exception as e:
+            return {"ok": False, "error": _error(e)}
+        seconds = time.monotonic() - started
+        return {"ok": got == total, "bytes": got, "s": seconds, "MBps": got / seconds / 1e6}
+
+    async def turn_probe(self) -> dict[str, Any]:
+        """Allocate on each TURN server in use with the current credentials and say how it went.
+
+        aioice drops a failed TURN allocation silently (the connection just has no relay candidate);
+        this surfaces the reason (401 for wrong or expired credentials, a timeout when coturn is down).
+        """
+        import aioice.turn
+
+        results = []
+        for server in self.peer.config.ice_servers:
+            for url in server.urls:
+                if not url.startswith("turn:"):
+                    continue
+                host, _, port = url[5:].split("?")[0].rpartition(":")
+                try:
+                    async with asyncio.timeout(10):
+                        transport, _ = await aioice.turn.create_turn_endpoint(
+                            asyncio.DatagramProtocol, (host, int(port)), server.username, server.credential
+                        )
+                    transport.close()
+                    results.append({"url": url, "ok": True})
+                except Exception as e:
+                    results.append({"url": url, "ok": False, "error": _error(e) or type(e).__name__})
+        return {"ok": all(r["ok"] for r in results), "servers": results}
+
+    async def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        name = cmd.get("cmd")
+        if name == "call":
+            return await self.call(cmd)
+        if name == "bench":
+            return await self.bench(cmd)
+        if name == "tcp_listen":
+            return await self.tcp_listen(cmd)
+        if name == "tcp_send":
+            return await self.tcp_send(cmd)
+        if name == "links":
+            return {"ok": True, "links": [self.link_info(r) for r in list(self.peer.links)]}
+        if name == "ice":
+            servers = [{"urls": s.urls, "username": s.username} for s in self.peer.config.ice_servers]
+            return {"ok": True, "ice": servers, "signaling": self.peer.signaling.connected.is_set()}
+        if name == "turn_probe":
+            return await self.turn_probe()
+        if name == "drop_links":
+            links = list(self.peer.links.values())
+            self.peer.links.clear()
+            await asyncio.gather(*(close_quietly(link) for link in links))
+            return {"ok": True, "dropped": len(links)}
+        return {"ok": False, "error": f"unknown command {name!r}"}
+
+    peer_host = ""
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--signal", required=True)
+    parser.add_argument("--host", required=True)
+    parser.add_argument("--connect-timeout", type=float, default=10.0)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("aioice").setLevel(logging.WARNING)
+    pin_host_addresses([args.host])
+    peer = Peer(
+        Identity.generate(),
+        args.signal,
+        handlers=handlers(),
+        config=LinkConfig(connect_timeout=args.connect_timeout),
+    )
+    await peer.start()
+    node = Node(peer)
+    node.peer_host = args.host
+    print(json.dumps({"event": "ready", "id": peer.peer_id}), flush=True)
+
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    tasks: set[asyncio.Task[None]] = set()
+
+    async def answer(cmd: dict[str, Any]) -> None:
+        try:
+            out = await node.handle(cmd)
+        except Exception as e:
+            out = {"ok": False, "error": _error(e)}
+        print(json.dumps({**out, "req": cmd.get("req")}), flush=True)
+
+    while line := await reader.readline():
+        try:
+            cmd = json.loads(line)
+        except ValueError:
+            continue
+        task = asyncio.create_task(answer(cmd))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+    for task in tasks:
+        task.cancel()
+    await asyncio.wait_for(peer.stop(), timeout=10)
+
+
+if __name__ == "__main__":
+    run(main())

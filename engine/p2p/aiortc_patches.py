@@ -105,14 +105,15 @@ _applied = False
 
 
 def apply() -> None:
-    """Install the SCTP speed patches (idempotent)."""
+    """Install the SCTP speed patches and the direct-path preference (idempotent)."""
     global _applied
     check_versions()
     if _applied:
         return
-    from engine.p2p import aiortc_sctp_fast
+    from engine.p2p import aioice_patches, aiortc_sctp_fast
 
     aiortc_sctp_fast.install()
+    aioice_patches.install()
     _applied = True
 
 

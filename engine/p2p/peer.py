@@ -23,6 +23,7 @@ from engine.wire import Compression, Message
 
 from . import aiortc_patches
 from . import signaling_protocol as sp
+from .aioice_patches import recent_turn_failures
 from .connection import Link, LinkConfig, accept, close_quietly, dial
 from .descriptions import SignedDescription, new_session_id
 from .errors import ConnectError, P2PError, PeerMismatch
@@ -48,7 +49,6 @@ class Peer:
         self.identity = identity
         self.handlers = handlers or Handlers()
         self._base_config = config or LinkConfig()
-        self.config = self._base_config
         self.max_links = max_links
         self.idle_timeout = idle_timeout
         self.signaling = SignalingClient(signaling_url, identity, self._on_signal)
@@ -64,11 +64,16 @@ class Peer:
     def peer_id(self) -> str:
         return self.identity.peer_id
 
+    @property
+    def config(self) -> LinkConfig:
+        """The coordinator's latest ICE servers (TURN credentials expire and are renewed on every
+        signaling reconnect), unless the caller pinned its own list."""
+        if self._base_config.ice_servers:
+            return self._base_config
+        return _with_ice(self._base_config, self.signaling.ice_servers)
+
     async def start(self) -> None:
         await self.signaling.connect()
-        if not self._base_config.ice_servers:
-            # The coordinator's ICE servers (STUN/TURN) unless the caller pinned its own list.
-            self.config = _with_ice(self._base_config, self.signaling.ice_servers)
         self._reaper = asyncio.create_task(self._reap_idle(), name="link-reaper")
 
     async def stop(self) -> None:
@@ -147,10 +152,18 @@ class Peer:
 
             await self.signaling.send(to, desc, on_error=refused)
 
+        started = time.monotonic()
         try:
             return await dial(
                 self.identity, peer_id, self.config, self.handlers, send, answer, session, self._forget
             )
+        except ConnectError as e:
+            turn = recent_turn_failures(started)
+            if not turn:
+                raise
+            # Expired or wrong TURN credentials: fetch fresh ones for the next attempt, and say why.
+            self.signaling.refresh()
+            raise ConnectError(f"{e}; {'; '.join(turn)}") from e
         finally:
             self._answers.pop(session, None)
 

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
@@ -67,6 +68,9 @@ class SignalingClient:
         self._ids = itertools.count(1)
         self._watchers: OrderedDict[int, ErrorHandler] = OrderedDict()
         self._closed = False
+        self._refreshing: asyncio.Future[bool] | None = None
+        self._reconnect_now = False
+        self.joins = 0  # successful joins, reconnects included
         self.connected = asyncio.Event()
 
     async def connect(self) -> None:
@@ -107,7 +111,13 @@ class SignalingClient:
             raise SignalingError("signaling answered the hello with something else than our welcome")
         self.ice_servers = list(reply.ice_servers)
         self._ws = ws
+        self.joins += 1
         self.connected.set()
+        expiry = turn_expiry(self.ice_servers)
+        if expiry is not None:
+            # Reconnect a minute before the TURN credential lapses: the welcome brings a new one.
+            delay = max(1.0, expiry - time.time() - 60.0)
+            asyncio.get_running_loop().call_later(delay, self._refresh_socket, ws)
 
     async def _run(self) -> None:
         backoff = 1.0
@@ -119,7 +129,9 @@ class SignalingClient:
                 self._ws = None
             if self._closed:
                 return
-            await asyncio.sleep(backoff)
+            if not self._reconnect_now:
+                await asyncio.sleep(backoff)
+            self._reconnect_now = False
             try:
                 await self._open()
                 backoff = 1.0
@@ -144,6 +156,16 @@ class SignalingClient:
                     handler(message)
                 else:
                     logger.warning("signaling error: %s: %s", message.code, message.message)
+
+    def refresh(self) -> None:
+        """Reconnect now, to get fresh ICE servers (TURN credentials) in a new welcome."""
+        if self._ws is not None:
+            self._refresh_socket(self._ws)
+
+    def _refresh_socket(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        if ws is self._ws and not ws.closed and not self._closed:
+            self._reconnect_now = True
+            self._refreshing = asyncio.ensure_future(ws.close())
 
     async def send(
         self, to: str, description: SignedDescription, on_error: ErrorHandler | None = None
@@ -173,6 +195,16 @@ class SignalingClient:
                 await self._reader
         if self._session is not None:
             await self._session.close()
+
+
+def turn_expiry(servers: list[sp.IceServer]) -> float | None:
+    """Earliest expiry among TURN credentials of the ``<unix expiry>:<peer id>`` form, if any."""
+    expiries = []
+    for server in servers:
+        head = (server.username or "").split(":", 1)[0]
+        if head.isdigit():
+            expiries.append(float(head))
+    return min(expiries, default=None)
 
 
 def unreachable(error: sp.Error) -> PeerUnreachable:

@@ -178,3 +178,31 @@ async def test_hub_without_accounts_needs_no_token() -> None:
             c = SignalingClient(url, Identity.generate(), lambda s: None, token=token)
             await c.connect()
             await c.close()
+
+
+async def test_turn_credentials_are_renewed_by_reconnecting() -> None:
+    from coordinator.app import start
+    from coordinator.turn import TurnConfig
+    from engine.p2p.identity import Identity
+    from engine.p2p.signaling import SignalingClient, turn_expiry
+
+    # A 61 s credential: the client reconnects ~1 s after joining (a minute before expiry).
+    turn = TurnConfig(urls=("turn:127.0.0.1:3478",), secret="s", ttl_s=61)
+    running = await start("127.0.0.1", 0, turn=turn)
+    client = SignalingClient(running.signaling_url, Identity.generate(), lambda _: None)
+    try:
+        await client.connect()
+        first = client.ice_servers[-1].username
+        assert turn_expiry(client.ice_servers) is not None
+        async with asyncio.timeout(10):
+            while client.ice_servers[-1].username == first:
+                await asyncio.sleep(0.1)
+        joins = client.joins
+        client.refresh()  # and on demand, e.g. after TURN refused a credential
+        async with asyncio.timeout(10):
+            while client.joins == joins:
+                await asyncio.sleep(0.05)
+        assert client.connected.is_set()
+    finally:
+        await client.close()
+        await running.stop()

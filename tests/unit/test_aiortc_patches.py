@@ -20,7 +20,7 @@ import pytest
 from aiortc import rtcsctptransport as sctp
 from aiortc.rtcdatachannel import RTCDataChannel, RTCDataChannelParameters
 
-from engine.p2p import aiortc_patches, aiortc_sctp_fast
+from engine.p2p import aioice_patches, aiortc_patches, aiortc_sctp_fast
 
 aiortc_patches.apply()
 
@@ -36,17 +36,22 @@ def test_versions_match_pin() -> None:
     aiortc_patches.check_versions()
 
 
-@pytest.mark.parametrize("name", sorted(aiortc_sctp_fast.ORIGINALS))
+ALL_ORIGINALS = {**aiortc_sctp_fast.ORIGINALS, **aioice_patches.ORIGINALS}
+ALL_HASHES = {**aiortc_sctp_fast.ORIGINAL_SOURCE_SHA256, **aioice_patches.ORIGINAL_SOURCE_SHA256}
+
+
+@pytest.mark.parametrize("name", sorted(ALL_ORIGINALS))
 def test_replaced_sources_unchanged(name: str) -> None:
-    source = inspect.getsource(aiortc_sctp_fast.ORIGINALS[name])
+    source = inspect.getsource(ALL_ORIGINALS[name])
     digest = hashlib.sha256(source.encode()).hexdigest()
-    assert digest == aiortc_sctp_fast.ORIGINAL_SOURCE_SHA256[name], (
+    assert digest == ALL_HASHES[name], (
         f"{name} changed upstream: re-read it and update the patch before the recorded hash"
     )
 
 
 def test_every_original_has_a_hash() -> None:
     assert set(aiortc_sctp_fast.ORIGINALS) == set(aiortc_sctp_fast.ORIGINAL_SOURCE_SHA256)
+    assert set(aioice_patches.ORIGINALS) == set(aioice_patches.ORIGINAL_SOURCE_SHA256)
 
 
 def test_wire_constants_unchanged() -> None:

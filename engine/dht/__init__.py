@@ -1,0 +1,76 @@
+"""Kademlia DHT: where experts are declared and found. Signed, expiring, replicated records.
+
+Layers, top down (each imports only those below it)::
+
+    experts      facade: declare_experts / get_experts / first_k_active, Declarer (re-declares)
+      │            keys: uid -> (key, subkey) slots, pure
+      ▼
+    node         DHTNode: bootstrap, find_node, store (k replicas), get (union, verified), upkeep
+      ▼
+    protocol     dht.ping / dht.store / dht.find_node / dht.find_value, served and called
+      │            records: signed record, sign/verify/encode (pure); storage: key -> {slot -> record}
+      ▼
+    traversal    iterative lookup, alpha requests in flight, hop counting
+      ▼
+    routing      k-buckets with splitting, replacement cache, ping-before-evict, k-closest
+                   ids: 160-bit node ids (peer ids), key ids (SHA-256), XOR distance
+
+    transport    DHTTransport: the seam under protocol
+                   memory: MemoryNetwork, thousands of nodes in one process (delay, loss, dead nodes)
+                   p2p_transport: PeerTransport over engine.p2p.Peer (sender = authenticated peer id)
+    swarm        make_swarm / join: many nodes on one MemoryNetwork (tests, benchmarks/dht_scale.py)
+
+Exceptions (drawn in ``errors``)::
+
+    DHTError
+    ├── CallFailed ── CallTimeout
+    ├── BadRequest
+    └── RecordRejected ── BadSignature, StaleRecord, ExpiredRecord, RecordTooLarge
+"""
+
+from .errors import (
+    BadRequest,
+    BadSignature,
+    CallFailed,
+    CallTimeout,
+    DHTError,
+    ExpiredRecord,
+    RecordRejected,
+    RecordTooLarge,
+    StaleRecord,
+)
+from .experts import Declarer, ExpertInfo, declare_experts, first_k_active, get_active_successors, get_experts
+from .ids import key_id_of, node_id_of
+from .memory import MemoryNetwork, MemoryTransport
+from .node import DHTNode, GetResult, StoreResult
+from .records import Record, sign_record, verify_record
+from .transport import DHTTransport
+
+__all__ = [
+    "BadRequest",
+    "BadSignature",
+    "CallFailed",
+    "CallTimeout",
+    "DHTError",
+    "DHTNode",
+    "DHTTransport",
+    "Declarer",
+    "ExpertInfo",
+    "ExpiredRecord",
+    "GetResult",
+    "MemoryNetwork",
+    "MemoryTransport",
+    "Record",
+    "RecordRejected",
+    "RecordTooLarge",
+    "StaleRecord",
+    "StoreResult",
+    "declare_experts",
+    "first_k_active",
+    "get_active_successors",
+    "get_experts",
+    "key_id_of",
+    "node_id_of",
+    "sign_record",
+    "verify_record",
+]

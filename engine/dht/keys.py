@@ -1,0 +1,71 @@
+"""Expert uids and the DHT keys that declare them. Pure functions, no I/O.
+
+A grid uid is a name and one or more coordinates joined by ``.``: ``ffn.3.7`` is expert (3, 7) of grid
+``ffn``. A host declares each expert under its full uid and under every prefix, keyed by the next
+coordinate, so a beam search can ask "which children of ``ffn.3.`` are alive?" with one get::
+
+    key        subkey   value
+    ffn.3.7    ""       [host, "ffn.3.7"]
+    ffn.3.     "7"      [host, "ffn.3.7"]
+    ffn.       "3"      [host, "ffn.3.7"]
+
+The owner of each record is the host (its signature); a slot is (owner, subkey), so many hosts share a
+prefix key and a host declaring several experts under one prefix writes one slot per child coordinate.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .errors import BadRequest
+
+UID_DELIMITER = "."
+
+
+class Declaration(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    host: str
+    uid: str
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(Declaration)
+
+
+def is_valid_uid(uid: str) -> bool:
+    parts = uid.split(UID_DELIMITER)
+    return len(parts) >= 2 and all(parts)
+
+
+def is_valid_prefix(prefix: str) -> bool:
+    return prefix.endswith(UID_DELIMITER) and all(prefix[:-1].split(UID_DELIMITER))
+
+
+def declaration_slots(uid: str) -> list[tuple[str, str]]:
+    """``ffn.3.7`` -> ``[("ffn.3.7", ""), ("ffn.3.", "7"), ("ffn.", "3")]``: (key, subkey) pairs."""
+    if not is_valid_uid(uid):
+        raise ValueError(f"not a grid uid: {uid!r}")
+    parts = uid.split(UID_DELIMITER)
+    slots = [(uid, "")]
+    for depth in range(len(parts) - 1, 0, -1):
+        slots.append((UID_DELIMITER.join(parts[:depth]) + UID_DELIMITER, parts[depth]))
+    return slots
+
+
+def group_slots(uids: list[str]) -> dict[str, dict[str, str]]:
+    """key -> {subkey -> a uid under it}: every record a host must write for ``uids``, deduplicated."""
+    out: dict[str, dict[str, str]] = {}
+    for uid in uids:
+        for key, subkey in declaration_slots(uid):
+            out.setdefault(key, {}).setdefault(subkey, uid)
+    return out
+
+
+def encode_declaration(host: str, uid: str) -> bytes:
+    return _ENCODER.encode(Declaration(host, uid))
+
+
+def decode_declaration(raw: bytes) -> Declaration:
+    try:
+        return _DECODER.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadRequest(f"not a declaration: {e}") from e

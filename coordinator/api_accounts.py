@@ -112,7 +112,7 @@ def error_response(
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def _json_errors(handler: Handler) -> Handler:
+def json_errors(handler: Handler) -> Handler:
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
@@ -167,7 +167,7 @@ def bearer_token(request: web.Request) -> str:
     return token
 
 
-async def _authenticate(request: web.Request) -> tuple[Claims, str]:
+async def authenticate(request: web.Request) -> tuple[Claims, str]:
     token = bearer_token(request)
     return await _services(request).tokens.verify(token), token
 
@@ -180,7 +180,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-@_json_errors
+@json_errors
 async def register(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = _client_key(request)
@@ -196,9 +196,9 @@ async def register(request: web.Request) -> web.StreamResponse:
     return _json({"account": account.to_json(), "token": token, "expires_at": claims.exp}, status=201)
 
 
-@_json_errors
+@json_errors
 async def bind_host(request: web.Request) -> web.StreamResponse:
-    claims, _ = await _authenticate(request)
+    claims, _ = await authenticate(request)
     body = await read_body(request, BindRequest)
     peer_id, created = await _services(request).accounts.bind_host(
         claims.sub, body.public_key, body.signature
@@ -206,10 +206,10 @@ async def bind_host(request: web.Request) -> web.StreamResponse:
     return _json({"peer_id": peer_id}, status=201 if created else 200)
 
 
-@_json_errors
+@json_errors
 async def refresh(request: web.Request) -> web.StreamResponse:
     services = _services(request)
-    claims, token = await _authenticate(request)
+    claims, token = await authenticate(request)
     await read_body(request, Empty)
     account = await services.accounts.get(claims.sub)
     if account.disabled:
@@ -218,10 +218,10 @@ async def refresh(request: web.Request) -> web.StreamResponse:
     return _json({"token": new, "expires_at": services.tokens.decode(new).exp})
 
 
-@_json_errors
+@json_errors
 async def revoke(request: web.Request) -> web.StreamResponse:
     services = _services(request)
-    claims, _ = await _authenticate(request)
+    claims, _ = await authenticate(request)
     body = await read_body(request, RevokeRequest)
     jti = claims.jti if body.jti is None else body.jti
     if not is_jti(jti):
@@ -234,28 +234,28 @@ async def revoke(request: web.Request) -> web.StreamResponse:
     return _json({"revoked": jti})
 
 
-@_json_errors
+@json_errors
 async def set_role(request: web.Request) -> web.StreamResponse:
     services = _services(request)
-    claims, _ = await _authenticate(request)
+    claims, _ = await authenticate(request)
     body = await read_body(request, RoleRequest)
     account = await services.accounts.set_role(body.name, body.role, by=claims.sub)
     return _json({"account": account.to_json()})
 
 
-@_json_errors
+@json_errors
 async def allowlist(request: web.Request) -> web.StreamResponse:
     services = _services(request)
-    claims, _ = await _authenticate(request)
+    claims, _ = await authenticate(request)
     body = await read_body(request, AllowlistRequest)
     added, removed = await services.accounts.update_allowlist(body.add, body.remove, by=claims.sub)
     return _json({"added": added, "removed": removed})
 
 
-@_json_errors
+@json_errors
 async def me(request: web.Request) -> web.StreamResponse:
     services = _services(request)
-    claims, _ = await _authenticate(request)
+    claims, _ = await authenticate(request)
     account = await services.accounts.get(claims.sub)
     hosts = await services.accounts.hosts_of(claims.sub)
     return _json(

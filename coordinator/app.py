@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,15 +10,20 @@ from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from .signaling import SignalingHub
+from . import api_accounts, api_ledger, api_swarm, site
+from .config import CoordinatorConfig
+from .receipts import Verifier
+from .services import SERVICES, Services, open_services
+from .signaling import HUB_KEY, SignalingHub
 from .turn import TurnConfig
 
-HUB_KEY = web.AppKey("hub", SignalingHub)
 
-
-def create_app(ice_servers: Sequence[IceServer] = (), turn: TurnConfig | None = None) -> web.Application:
+def create_app(
+    ice_servers: Sequence[IceServer] = (), turn: TurnConfig | None = None, hub: SignalingHub | None = None
+) -> web.Application:
+    """Signaling alone, open to any key holder: the transport demo and tests use this."""
     app = web.Application()
-    hub = SignalingHub(ice_servers=tuple(ice_servers), turn=turn)
+    hub = hub or SignalingHub(ice_servers=tuple(ice_servers), turn=turn)
     app[HUB_KEY] = hub
     app.router.add_get("/ws/signal", hub.handle)
     app.router.add_get("/healthz", _healthz)
@@ -34,6 +40,37 @@ async def _peers(request: web.Request) -> web.Response:
     return web.json_response({"online": hub.online(), "stats": vars(hub.stats)})
 
 
+async def create_full_app(config: CoordinatorConfig, services: Services | None = None) -> web.Application:
+    """The whole coordinator: accounts, token-gated signaling, assignment, ledger, site.
+
+    Opens the database (running migrations) unless ``services`` is given.
+    """
+    services = services or await open_services(config)
+    stun = [IceServer(urls=list(config.stun_urls))] if config.stun_urls else []
+    turn = TurnConfig(tuple(config.turn.urls), config.turn.secret, config.turn.ttl_s) if config.turn else None
+    hub = SignalingHub(
+        ice_servers=stun, turn=turn, authorize=services.authorize_peer, limiter=services.ws_limiter
+    )
+    app = create_app(hub=hub)
+    app[SERVICES] = services
+    # Ed25519 checks hold the GIL: a pool of spawned processes (started on the first big batch)
+    # is what lets receipt ingestion use more than one core.
+    workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
+    verifier = Verifier(workers=workers)
+    costs = {e.name: e.expert_cost for e in config.experiments}
+
+    async def close_services(_: web.Application) -> None:
+        verifier.close()
+        await services.close()
+
+    app.on_cleanup.append(close_services)
+    api_accounts.setup_routes(app)
+    api_ledger.setup_routes(app, api_ledger.LedgerDeps(services.sessions, costs, verifier))
+    api_swarm.setup_routes(app)
+    site.setup_routes(app)
+    return app
+
+
 @dataclass
 class RunningCoordinator:
     runner: web.AppRunner
@@ -43,6 +80,14 @@ class RunningCoordinator:
     @property
     def hub(self) -> SignalingHub:
         return self.runner.app[HUB_KEY]
+
+    @property
+    def services(self) -> Services:
+        return self.runner.app[SERVICES]
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
 
     @property
     def signaling_url(self) -> str:
@@ -58,12 +103,21 @@ async def start(
     ice_servers: Sequence[IceServer] = (),
     turn: TurnConfig | None = None,
 ) -> RunningCoordinator:
-    """Start the coordinator on the running loop; port 0 picks a free one."""
-    runner = web.AppRunner(create_app(ice_servers, turn), handle_signals=False)
+    """Start the signaling-only coordinator on the running loop; port 0 picks a free one."""
+    return await _serve(create_app(ice_servers, turn), host, port)
+
+
+async def start_full(config: CoordinatorConfig, services: Services | None = None) -> RunningCoordinator:
+    """Start the whole coordinator on ``config.host``/``config.port`` (port 0 picks a free one)."""
+    return await _serve(await create_full_app(config, services), config.host, config.port)
+
+
+async def _serve(app: web.Application, host: str, port: int) -> RunningCoordinator:
+    runner = web.AppRunner(app, handle_signals=False)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
-    server = site._server
+    tcp = web.TCPSite(runner, host, port)
+    await tcp.start()
+    server = tcp._server
     assert server is not None and server.sockets  # type: ignore[attr-defined]
     bound_port = server.sockets[0].getsockname()[1]  # type: ignore[attr-defined]
     return RunningCoordinator(runner, host, bound_port)

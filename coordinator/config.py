@@ -41,6 +41,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     turn: TurnSection | None = None
     bootstrap_peers: int = 8  # how many online peers to hand a newcomer for the DHT
     assignment_ttl_s: int = 3600
+    verify_workers: int | None = None  # processes checking receipt signatures; None: one per core
     max_ws_per_ip: int = 64
     register_per_ip_per_minute: int = 30
     experiments: list[ExperimentConfig] = []

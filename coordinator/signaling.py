@@ -222,3 +222,6 @@ class SignalingHub:
         if not ws.closed:
             await ws.send_str(sp.encode(sp.Error(code=code, message=message)))
             await ws.close(code=_CLOSE_FOR.get(code, CLOSE_POLICY), message=code.encode()[:120])
+
+
+HUB_KEY = web.AppKey("hub", SignalingHub)

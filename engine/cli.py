@@ -11,6 +11,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
 
 import torch
 
@@ -25,9 +26,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo-transport", help="two peers on loopback exchange tensors over WebRTC")
     demo.add_argument("--mib", type=int, default=64, help="MiB of float32 tensors to send each way")
-    coord = sub.add_parser("coordinator", help="run the coordinator (signaling) service")
-    coord.add_argument("--host", default="127.0.0.1")
-    coord.add_argument("--port", type=int, default=8470)
+    coord = sub.add_parser("coordinator", help="run the coordinator: accounts, signaling, ledger, site")
+    coord.add_argument("--config", type=Path, help="TOML config (see README); LAH_* variables override it")
+    coord.add_argument("--host", help="listen address (default 127.0.0.1)")
+    coord.add_argument("--port", type=int, help="listen port (default 8470)")
+    coord.add_argument("--make-admin", metavar="NAME", help="give this existing account the admin role")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -35,19 +38,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "demo-transport":
         eventloop.run(demo_transport(args.mib))
     elif args.command == "coordinator":
-        eventloop.run(run_coordinator(args.host, args.port))
+        from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
+
+        eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
     return 0
-
-
-async def run_coordinator(host: str, port: int) -> None:
-    from coordinator.app import start  # the engine does not need the coordinator to be installed
-
-    running = await start(host, port)
-    print(f"coordinator: signaling on {running.signaling_url}; Ctrl+C stops", flush=True)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await running.stop()
 
 
 def _demo_handlers() -> Handlers:

@@ -29,7 +29,7 @@ from .descriptions import SignedDescription, new_session_id
 from .errors import ConnectError, P2PError, PeerMismatch
 from .identity import Identity
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
-from .signaling import SignalingClient, unreachable
+from .signaling import SignalingClient, TokenProvider, unreachable
 
 logger = logging.getLogger(__name__)
 
@@ -44,14 +44,20 @@ class Peer:
         config: LinkConfig | None = None,
         max_links: int = 64,
         idle_timeout: float = 120.0,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
     ) -> None:
+        """``token``/``token_provider``: the account token a coordinator that admits only account
+        holders asks for (the provider is called before every join, so it can refresh)."""
         aiortc_patches.apply()  # the project's transport is aiortc with these patches, everywhere
         self.identity = identity
         self.handlers = handlers or Handlers()
         self._base_config = config or LinkConfig()
         self.max_links = max_links
         self.idle_timeout = idle_timeout
-        self.signaling = SignalingClient(signaling_url, identity, self._on_signal)
+        self.signaling = SignalingClient(
+            signaling_url, identity, self._on_signal, token=token, token_provider=token_provider
+        )
         self.links: dict[str, Link] = {}
         self._connecting: dict[str, asyncio.Future[Link]] = {}
         self._dial_tasks: dict[str, asyncio.Task[Link]] = {}

@@ -1,0 +1,489 @@
+"""Coordinator load: signaling WebSockets, leaderboard latency on both databases, receipt ingestion.
+
+(a) signaling: the coordinator (``coordinator.app.start()``, a hub without tokens) in a child process;
+    this process opens ``--peers`` raw WebSockets (challenge, signed hello, welcome), keeps them all
+    open, and sends offers between random pairs at ``--rate`` per second (each recipient answers).
+    ``relay_p99_ms``: offer sent -> offer received at the other peer, through the hub.
+(b) leaderboard: ``--accounts`` accounts (one host each, 1% as many teams) and ``--receipts`` receipts,
+    bulk-loaded (sqlite3 executemany; PostgreSQL COPY), then ``leaderboard()`` for users, teams and hosts,
+    by total and recent, on random pages 1-20. p99 per database.
+(c) ingestion: signed receipts for 1,000 active hosts of that database through ``ledger.ingest`` in
+    batches of 1000 (verify, dedupe, credit), two posters at once, signatures checked in a pool of
+    ``--workers`` spawned processes; the baseline is one receipt per call (one transaction each).
+
+    .venv/bin/python benchmarks/coordinator_load.py --quick    # within 60 s
+    .venv/bin/python benchmarks/coordinator_load.py            # 2,000 peers, 100k accounts, 1M receipts
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import random
+import resource
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import aiohttp
+import asyncpg
+from sqlalchemy import text
+
+from coordinator.db.session import create_all, make_engine, session_factory
+from coordinator.leaderboard import leaderboard
+from coordinator.ledger import DAY_S, ingest
+from coordinator.receipts import Verifier, sign_receipt
+from engine.p2p import signaling_protocol as sp
+from engine.p2p.descriptions import SignedDescription
+from engine.p2p.identity import Identity
+
+POSTGRES_URL = os.environ.get("LAH_TEST_POSTGRES_URL", "postgresql+asyncpg://lah:lah@127.0.0.1:5432/lah_test")
+NOW = time.time()
+SCRIPT = os.path.abspath(__file__)
+TRAINERS = 8
+STREAMS = 2  # concurrent batch posters in the ingestion benchmark
+ACTIVE_HOSTS = 1000  # hosts receipts go to: those serving the experts the trainers use
+
+
+def log(*args: Any) -> None:
+    print(*args, file=sys.stderr, flush=True)
+
+
+def p99(values: list[float]) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(0.99 * (len(values) - 1)))]
+
+
+def raise_fd_limit() -> None:
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# ---------------------------------------------------------------- (a) signaling
+
+
+async def serve_signaling() -> None:
+    """Child process: the coordinator app, port on stdout, until stdin closes."""
+    raise_fd_limit()
+    from coordinator.app import start
+
+    running = await start()
+    print(running.port, flush=True)
+    loop = asyncio.get_running_loop()
+    await loop.run_in_executor(None, sys.stdin.read)
+    await running.stop()
+
+
+FAKE_SDP = "v=0\r\n" + "a=candidate:1 1 udp 2130706431 192.168.1.10 50000 typ host\r\n" * 30
+
+
+async def bench_signaling(peers: int, rate: float, seconds: float) -> dict[str, Any]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        SCRIPT,
+        "--serve-signaling",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stdin is not None
+    port = int((await asyncio.wait_for(proc.stdout.readline(), 30)).decode())
+    url = f"http://127.0.0.1:{port}/ws/signal"
+    connector = aiohttp.TCPConnector(limit=0)
+    session = aiohttp.ClientSession(connector=connector)
+    sockets: list[aiohttp.ClientWebSocketResponse] = []
+    ids: list[str] = []
+    sent_at: dict[int, float] = {}
+    latencies: list[float] = []
+    received = 0
+
+    async def connect(identity: Identity) -> None:
+        ws = await session.ws_connect(url, timeout=aiohttp.ClientWSTimeout(ws_close=10), max_msg_size=1 << 20)
+        challenge = sp.client_decoder.decode(await asyncio.wait_for(ws.receive_str(), 30))
+        assert isinstance(challenge, sp.Challenge)
+        hello = sp.Hello(public_key=identity.public_key, signature=identity.sign(sp.DOMAIN + challenge.nonce))
+        await ws.send_str(sp.encode(hello))
+        welcome = sp.client_decoder.decode(await asyncio.wait_for(ws.receive_str(), 30))
+        assert isinstance(welcome, sp.Welcome), welcome
+        sockets.append(ws)
+        ids.append(identity.peer_id)
+
+    t0 = time.perf_counter()
+    identities = [Identity.generate() for _ in range(peers)]
+    sem = asyncio.Semaphore(64)
+
+    async def guarded(identity: Identity) -> None:
+        async with sem:
+            await connect(identity)
+
+    await asyncio.gather(*(guarded(i) for i in identities))
+    connect_s = time.perf_counter() - t0
+    log(f"signaling: {len(sockets)} peers connected in {connect_s:.1f} s")
+
+    def description(sender: str, to: str, kind: str) -> SignedDescription:
+        return SignedDescription(
+            type=kind,
+            sdp=FAKE_SDP,
+            sender=sender,
+            recipient=to,
+            session="bench",
+            issued_at=time.time(),
+            public_key=b"\x00" * 32,
+            signature=b"\x00" * 64,
+        )
+
+    async def reader(index: int) -> None:
+        nonlocal received
+        ws = sockets[index]
+        async for msg in ws:
+            if msg.type != aiohttp.WSMsgType.TEXT:
+                break
+            m = sp.client_decoder.decode(msg.data)
+            if isinstance(m, sp.Signal) and m.description.type == "offer":
+                started = sent_at.pop(m.id, None)
+                if started is not None:
+                    latencies.append((time.perf_counter() - started) * 1000)
+                received += 1
+                answer = sp.Signal(
+                    id=-m.id, to=m.sender, description=description(ids[index], m.sender, "answer")
+                )
+                await ws.send_str(sp.encode(answer))
+
+    readers = [asyncio.create_task(reader(i)) for i in range(len(sockets))]
+    rng = random.Random(1)
+    interval = 1.0 / rate
+    n = int(rate * seconds)
+    start = time.perf_counter()
+    for k in range(1, n + 1):
+        a, b = rng.sample(range(len(sockets)), 2)
+        signal = sp.Signal(id=k, to=ids[b], description=description(ids[a], ids[b], "offer"))
+        sent_at[k] = time.perf_counter()
+        await sockets[a].send_str(sp.encode(signal))
+        delay = start + k * interval - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+    await asyncio.sleep(1.0)
+    still_open = sum(1 for ws in sockets if not ws.closed)
+    for task in readers:
+        task.cancel()
+    await asyncio.gather(*(ws.close() for ws in sockets), return_exceptions=True)
+    await session.close()
+    proc.stdin.close()
+    try:
+        await asyncio.wait_for(proc.wait(), 10)
+    except TimeoutError:
+        proc.kill()
+    return {
+        "ws_peers": still_open,
+        "ws_connect_s": round(connect_s, 2),
+        "relay_offers": n,
+        "relay_lost": n - len(latencies),
+        "relay_p50_ms": round(statistics.median(latencies), 2) if latencies else None,
+        "relay_p99_ms": round(p99(latencies), 2),
+    }
+
+
+# ---------------------------------------------------------------- (b) bulk data
+
+
+def rows_for(accounts: int, receipts: int, trainers: list[Identity]) -> dict[str, list[tuple[Any, ...]]]:
+    rng = random.Random(42)
+    teams = max(1, accounts // 100)
+
+    def credit() -> tuple[float, float, float]:
+        total = rng.lognormvariate(8, 2)
+        return total, total * rng.uniform(0.001, 0.3), NOW - rng.uniform(0, 14 * DAY_S)
+
+    team_rows = [(t + 1, f"team{t}", *credit()) for t in range(teams)]
+    account_rows = []
+    host_rows = []
+    for a in range(accounts):
+        role = "trainer" if a < len(trainers) else "volunteer"
+        account_rows.append((a + 1, f"user{a}", rng.randrange(1, teams + 1), role, False, *credit()))
+        if a < len(trainers):
+            peer_id, key = trainers[a].peer_id, trainers[a].public_key
+        else:
+            peer_id, key = rng.randbytes(20).hex(), rng.randbytes(32)
+        host_rows.append((peer_id, key, a + 1, NOW, rng.randrange(0, 10_000), False, *credit()))
+    host_ids = [h[0] for h in host_rows]
+    receipt_rows = []
+    for _ in range(receipts):
+        samples = rng.randrange(1, 512)
+        receipt_rows.append(
+            (
+                rng.randbytes(16).hex(),
+                trainers[0].peer_id,
+                host_ids[rng.randrange(len(trainers), len(host_ids))],
+                f"bench.{rng.randrange(16)}.{rng.randrange(16)}",
+                samples,
+                False,
+                NOW - rng.uniform(0, 30 * DAY_S),
+                float(samples),
+                False,
+            )
+        )
+    return {"teams": team_rows, "accounts": account_rows, "hosts": host_rows, "receipts": receipt_rows}
+
+
+COLUMNS = {
+    "teams": ["id", "name", "credit_total", "credit_recent", "credit_recent_at"],
+    "accounts": [
+        "id",
+        "name",
+        "team_id",
+        "role",
+        "disabled",
+        "credit_total",
+        "credit_recent",
+        "credit_recent_at",
+    ],
+    "hosts": [
+        "peer_id",
+        "public_key",
+        "account_id",
+        "last_seen",
+        "requests_served",
+        "flagged",
+        "credit_total",
+        "credit_recent",
+        "credit_recent_at",
+    ],
+    "receipts": [
+        "receipt_id",
+        "trainer_peer_id",
+        "host_peer_id",
+        "expert_uid",
+        "samples",
+        "backward",
+        "served_at",
+        "credit",
+        "withheld",
+    ],
+}
+
+
+def load_sqlite(path: Path, data: dict[str, list[tuple[Any, ...]]]) -> None:
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=OFF")
+    with conn:
+        for table, cols in COLUMNS.items():
+            marks = ", ".join("?" for _ in cols)
+            conn.executemany(f"INSERT INTO {table} ({', '.join(cols)}) VALUES ({marks})", data[table])
+    conn.execute("ANALYZE")
+    conn.close()
+
+
+async def load_postgres(schema: str, data: dict[str, list[tuple[Any, ...]]]) -> None:
+    conn = await asyncpg.connect(
+        POSTGRES_URL.replace("+asyncpg", ""), server_settings={"search_path": schema}
+    )
+    try:
+        for table, cols in COLUMNS.items():
+            await conn.copy_records_to_table(table, records=data[table], columns=cols, schema_name=schema)
+        await conn.execute("ANALYZE")
+    finally:
+        await conn.close()
+
+
+# ---------------------------------------------------------------- (b) leaderboard, (c) ingestion
+
+
+async def bench_leaderboard(sessions: Any, calls: int) -> float:
+    rng = random.Random(3)
+    latencies = []
+    by_case: dict[str, list[float]] = {}
+    for kind in ("users", "teams", "hosts"):  # warm-up
+        for sort in ("total", "recent"):
+            await leaderboard(sessions, kind, sort)  # type: ignore[arg-type]
+    for _ in range(calls):
+        kind = rng.choice(("users", "users", "hosts", "teams"))
+        sort = rng.choice(("total", "recent"))
+        page = rng.choice((1, 1, 1, 2, 3, rng.randrange(1, 21)))
+        t0 = time.perf_counter()
+        await leaderboard(sessions, kind, sort, page=page, per_page=50)  # type: ignore[arg-type]
+        latencies.append((time.perf_counter() - t0) * 1000)
+        by_case.setdefault(f"{kind}/{sort}", []).append(latencies[-1])
+    log("leaderboard p99 by case (ms):", {k: round(p99(v), 1) for k, v in sorted(by_case.items())})
+    return round(p99(latencies), 2)
+
+
+async def bench_ingest(
+    sessions: Any, trainers: list[Identity], host_ids: list[str], batched: int, single: int, workers: int
+) -> dict[str, float]:
+    rng = random.Random(5)
+    active = host_ids[:ACTIVE_HOSTS]
+
+    def make(n: int) -> list[Any]:
+        return [
+            sign_receipt(
+                trainers[i % len(trainers)],
+                active[rng.randrange(len(active))],
+                f"bench.{rng.randrange(16)}.{rng.randrange(16)}",
+                rng.randrange(1, 512),
+                rng.random() < 0.5,
+                NOW - rng.uniform(0, 3600),
+            )
+            for i in range(n)
+        ]
+
+    receipts = make(batched)
+    t0 = time.perf_counter()
+    await Verifier().check(receipts[:2000])
+    verify_rate = min(2000, len(receipts)) / (time.perf_counter() - t0)
+    verifier = Verifier(workers=workers)
+    await ingest(sessions, make(1000), now=NOW, verifier=verifier)  # warm-up: spawns the pool
+    t0 = time.perf_counter()
+    batches = [receipts[i : i + 1000] for i in range(0, len(receipts), 1000)]
+
+    async def poster(mine: list[list[Any]]) -> int:
+        n = 0
+        for batch in mine:
+            n += (await ingest(sessions, batch, now=NOW, verifier=verifier)).accepted
+        return n
+
+    # STREAMS trainers posting at once: one batch's signatures are checked while another's is written.
+    accepted = sum(await asyncio.gather(*(poster(batches[i::STREAMS]) for i in range(STREAMS))))
+    batched_s = time.perf_counter() - t0
+    assert accepted == len(receipts), accepted
+    again = await ingest(sessions, receipts[:1000], now=NOW, verifier=verifier)  # all duplicates now
+    assert again.duplicates == min(1000, len(receipts)) and again.accepted == 0
+
+    singles = make(single)
+    t0 = time.perf_counter()
+    for r in singles:
+        await ingest(sessions, [r], now=NOW, verifier=verifier)
+    single_s = time.perf_counter() - t0
+    verifier.close()
+    batched_rate = len(receipts) / batched_s
+    single_rate = len(singles) / single_s
+    return {
+        "receipts_per_s": round(batched_rate),
+        "single_receipts_per_s": round(single_rate),
+        "batch_speedup": round(batched_rate / single_rate, 1),
+        "verify_only_per_s_one_core": round(verify_rate),
+    }
+
+
+async def bench_database(
+    which: str, accounts: int, receipts: int, calls: int, batched: int, single: int, workers: int
+) -> dict[str, Any]:
+    trainers = [Identity.generate() for _ in range(TRAINERS)]
+    t0 = time.perf_counter()
+    data = rows_for(accounts, receipts, trainers)
+    host_ids = [h[0] for h in data["hosts"][TRAINERS:]]
+    tmp = tempfile.TemporaryDirectory()
+    schema = f"bench_{uuid.uuid4().hex[:10]}"
+    if which == "sqlite":
+        path = Path(tmp.name) / "coordinator.sqlite3"
+        engine = make_engine(f"sqlite+aiosqlite:///{path}")
+        await create_all(engine)
+        await engine.dispose()
+        await asyncio.to_thread(load_sqlite, path, data)
+        engine = make_engine(f"sqlite+aiosqlite:///{path}")
+    else:
+        admin = make_engine(POSTGRES_URL)
+        async with admin.begin() as conn:
+            await conn.execute(text(f"CREATE SCHEMA {schema}"))
+        await admin.dispose()
+        engine = make_engine(POSTGRES_URL, search_path=schema)
+        await create_all(engine)
+        await load_postgres(schema, data)
+    del data
+    # As a long-running server would after start-up: the bulk-load leftovers and the modules loaded
+    # so far are moved out of the collector's way, or a full collection costs ~100 ms mid-request.
+    gc.collect()
+    gc.freeze()
+    load_s = time.perf_counter() - t0
+    log(f"{which}: {accounts} accounts, {receipts} receipts loaded in {load_s:.1f} s")
+    try:
+        sessions = session_factory(engine)
+        lb = await bench_leaderboard(sessions, calls)
+        log(f"{which}: leaderboard p99 {lb} ms")
+        ing = await bench_ingest(sessions, trainers, host_ids, batched, single, workers)
+        log(f"{which}: ingest {ing}")
+    finally:
+        await engine.dispose()
+        if which == "postgres":
+            admin = make_engine(POSTGRES_URL)
+            async with admin.begin() as conn:
+                await conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+            await admin.dispose()
+        tmp.cleanup()
+    return {"load_s": round(load_s, 1), "leaderboard_p99_ms": lb, **ing}
+
+
+async def timed(what: str, coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    out = await coro
+    log(f"{what}: {time.perf_counter() - t0:.1f} s")
+    return out
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    raise_fd_limit()
+    quick = args.quick
+    peers = args.peers or (300 if quick else 2000)
+    accounts = args.accounts or (10_000 if quick else 100_000)
+    receipts = args.receipts or (100_000 if quick else 1_000_000)
+    calls = 100 if quick else 400
+    batched, single = (5000, 300) if quick else (20_000, 1000)
+    result: dict[str, Any] = {"quick": quick, "accounts": accounts, "receipts": receipts}
+    sig = await timed("signaling", bench_signaling(peers, args.rate, 3.0 if quick else 10.0))
+    result.update(sig)
+    runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
+        "sqlite": lambda: bench_database("sqlite", accounts, receipts, calls, batched, single, args.workers),
+        "postgres": lambda: bench_database(
+            "postgres", accounts, receipts, calls, batched, single, args.workers
+        ),
+    }
+    for which, run in runs.items():
+        out = await timed(which, run())
+        result[f"leaderboard_p99_ms_{which}"] = out["leaderboard_p99_ms"]
+        result[f"load_s_{which}"] = out["load_s"]
+        suffix = "" if which == "sqlite" else "_postgres"
+        result[f"receipts_per_s{suffix}"] = out["receipts_per_s"]
+        result[f"single_receipts_per_s{suffix}"] = out["single_receipts_per_s"]
+        result[f"batch_speedup{suffix}"] = out["batch_speedup"]
+        result["verify_only_per_s_one_core"] = out["verify_only_per_s_one_core"]
+    return result
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--peers", type=int, default=0)
+    parser.add_argument("--rate", type=float, default=500.0, help="offers per second")
+    parser.add_argument("--accounts", type=int, default=0)
+    parser.add_argument("--receipts", type=int, default=0)
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="signature-checking processes (0: in-process)",
+    )
+    parser.add_argument("--serve-signaling", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve_signaling:
+        asyncio.run(serve_signaling())
+    else:
+        t0 = time.perf_counter()
+        out = asyncio.run(main(args))
+        out["wall_s"] = round(time.perf_counter() - t0, 1)
+        print(json.dumps(out))

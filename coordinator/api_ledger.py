@@ -1,0 +1,233 @@
+"""JSON API for credit: receipts in, spot-check reports in, leaderboards and histories out.
+
+::
+
+    POST /api/receipts                {"receipts": [SignedReceipt, ...]}  (<= 1000, body <= 1 MiB)
+                                      -> 200 {"accepted", "duplicates", "withheld", "credit",
+                                              "rejected": [{"receipt_id", "reason"}]}
+    POST /api/spot-checks             SpotCheckReport -> 201 {"flag_id", "withheld_receipts",
+                                                              "reversed_credit"} (200 if a repeat)
+    GET  /api/leaderboard?kind=users|teams|hosts&sort=total|recent&page=N&per_page=M
+                                      -> 200 {"kind", "sort", "page", "per_page", "has_more", "entries"}
+                                         (pages are cached for a few seconds)
+    GET  /api/contributors/{account_id}?days=N
+                                      -> 200 {"account", "hosts", "history": [{"day", "date", "credit"}]}
+    GET  /api/stats                   -> 200 {"hosts", "requests_served", "credit_total", ...}
+
+Receipts and reports carry their own signatures (a trainer's identity key), so they need no bearer
+token. Bytes fields are base64. Errors are ``{"error": code, "message": text}``: 400 (not JSON, bad
+query), 413 (body too large), 422 (JSON that does not fit the schema, bad period), 403 (bad
+signature, not a trainer), 404 (unknown host or account).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import msgspec
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from .config import CoordinatorConfig
+from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
+from .ledger import SpotCheckRejected, ingest, report_spot_check
+from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
+from .services import SERVICES
+
+
+@dataclass
+class LedgerDeps:
+    """What the handlers need; by default taken from ``app[SERVICES]``."""
+
+    sessions: async_sessionmaker[AsyncSession]
+    expert_costs: Mapping[str, float] | None = None  # experiment -> credit per sample; None: all 1.0
+    verifier: Verifier | None = None  # signature checks; Verifier(workers=N) for a process pool
+
+
+class PageCache:
+    """Leaderboard pages for a few seconds: they change slowly, and are what every visitor loads."""
+
+    def __init__(self, ttl_s: float = 5.0, max_entries: int = 2048) -> None:
+        self.ttl_s = ttl_s
+        self.max_entries = max_entries
+        self._pages: dict[tuple[str, str, int, int], tuple[float, dict[str, Any]]] = {}
+
+    def get(self, key: tuple[str, str, int, int]) -> dict[str, Any] | None:
+        hit = self._pages.get(key)
+        if hit is None or time.monotonic() - hit[0] > self.ttl_s:
+            return None
+        return hit[1]
+
+    def put(self, key: tuple[str, str, int, int], page: dict[str, Any]) -> None:
+        if len(self._pages) >= self.max_entries:
+            self._pages.clear()
+        self._pages[key] = (time.monotonic(), page)
+
+
+LEDGER = web.AppKey("ledger", LedgerDeps)
+PAGES = web.AppKey("ledger_pages", PageCache)
+_VERIFIER = Verifier()  # in-process, with a cache of parsed trainer keys shared by all requests
+
+
+def expert_costs_of(config: CoordinatorConfig) -> Mapping[str, float] | None:
+    """Configured experiments' costs; None when none are configured (every expert costs 1.0)."""
+    if not config.experiments:
+        return None
+    return {e.name: e.expert_cost for e in config.experiments}
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+
+
+def _error(status: int, code: str, message: str) -> web.Response:
+    return web.json_response({"error": code, "message": message}, status=status)
+
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_errors(handler: Handler) -> Handler:
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await handler(request)
+        except ApiError as e:
+            return _error(e.status, e.code, e.message)
+
+    wrapped.__name__ = handler.__name__
+    return wrapped
+
+
+def _deps(request: web.Request) -> LedgerDeps:
+    deps = request.app.get(LEDGER)
+    if deps is not None:
+        return deps
+    services = request.app[SERVICES]
+    return LedgerDeps(services.sessions, expert_costs_of(services.config), _VERIFIER)
+
+
+T = TypeVar("T")
+
+
+async def _read_body(request: web.Request, kind: type[T], limit: int) -> T:
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
+    body = bytearray()
+    while True:
+        chunk = await request.content.read(limit + 1 - len(body))
+        if not chunk:
+            break
+        body += chunk
+        if len(body) > limit:
+            raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
+    try:
+        return msgspec.json.decode(bytes(body), type=kind)
+    except msgspec.ValidationError as e:
+        raise ApiError(422, "invalid_request", str(e)) from e
+    except msgspec.DecodeError as e:
+        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+
+
+def _int_param(request: web.Request, name: str, default: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ApiError(400, "bad_query", f"{name} must be an integer") from None
+
+
+@_json_errors
+async def post_receipts(request: web.Request) -> web.StreamResponse:
+    deps = _deps(request)
+    batch = await _read_body(request, ReceiptBatch, MAX_BODY_BYTES)
+    result = await ingest(deps.sessions, batch, expert_costs=deps.expert_costs, verifier=deps.verifier)
+    return web.json_response(result.to_json())
+
+
+_SPOT_STATUS = {"bad_signature": 403, "not_a_trainer": 403, "unknown_host": 404, "bad_period": 422}
+
+
+@_json_errors
+async def post_spot_check(request: web.Request) -> web.StreamResponse:
+    deps = _deps(request)
+    report = await _read_body(request, SpotCheckReport, MAX_REPORT_BYTES)
+    try:
+        result = await report_spot_check(deps.sessions, report)
+    except SpotCheckRejected as e:
+        raise ApiError(_SPOT_STATUS.get(e.code, 422), e.code, str(e)) from e
+    return web.json_response(
+        {
+            "flag_id": result.flag_id,
+            "withheld_receipts": result.withheld_receipts,
+            "reversed_credit": result.reversed_credit,
+        },
+        status=200 if result.duplicate else 201,
+    )
+
+
+@_json_errors
+async def get_leaderboard(request: web.Request) -> web.StreamResponse:
+    deps = _deps(request)
+    kind = request.query.get("kind", "users")
+    sort = request.query.get("sort", "total")
+    if kind not in KINDS:
+        raise ApiError(400, "bad_kind", f"kind must be one of {', '.join(KINDS)}")
+    if sort not in SORTS:
+        raise ApiError(400, "bad_sort", f"sort must be one of {', '.join(SORTS)}")
+    page = _int_param(request, "page", 1)
+    per_page = _int_param(request, "per_page", 50)
+    cache = request.app.get(PAGES)
+    key = (kind, sort, page, per_page)
+    data = cache.get(key) if cache is not None else None
+    if data is None:
+        try:
+            result = await leaderboard(deps.sessions, kind, sort, page=page, per_page=per_page)  # type: ignore[arg-type]
+        except LeaderboardError as e:
+            raise ApiError(400, e.code, str(e)) from e
+        data = result.to_json()
+        if cache is not None:
+            cache.put(key, data)
+    return web.json_response(data)
+
+
+@_json_errors
+async def get_contributor(request: web.Request) -> web.StreamResponse:
+    deps = _deps(request)
+    try:
+        account_id = int(request.match_info["account_id"])
+    except ValueError:
+        raise ApiError(400, "bad_account_id", "account ids are integers") from None
+    if not 0 < account_id < 2**31:
+        raise ApiError(404, "not_found", "no such account")
+    info = await contributor(deps.sessions, account_id, days=_int_param(request, "days", 90))
+    if info is None:
+        raise ApiError(404, "not_found", "no such account")
+    return web.json_response(info)
+
+
+@_json_errors
+async def get_swarm(request: web.Request) -> web.StreamResponse:
+    return web.json_response(await swarm_stats(_deps(request).sessions))
+
+
+def setup_routes(app: web.Application, deps: LedgerDeps | None = None, page_cache_s: float = 5.0) -> None:
+    """Add the ledger's routes. ``deps``: what to use instead of ``app[SERVICES]`` (tests, benchmarks);
+    ``page_cache_s``: how long a leaderboard page is served from memory (0: not at all)."""
+    if deps is not None:
+        app[LEDGER] = deps
+    if page_cache_s > 0:
+        app[PAGES] = PageCache(page_cache_s)
+    app.router.add_post("/api/receipts", post_receipts)
+    app.router.add_post("/api/spot-checks", post_spot_check)
+    app.router.add_get("/api/leaderboard", get_leaderboard)
+    app.router.add_get("/api/contributors/{account_id}", get_contributor)
+    app.router.add_get("/api/stats", get_swarm)

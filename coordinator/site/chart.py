@@ -1,0 +1,96 @@
+"""Credit over time as inline SVG, drawn on the server: the chart needs no JavaScript and no library.
+
+Only numbers and dates go into the markup (never a user's text), and it is built from fixed
+templates, so the result is safe to mark up as-is.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from markupsafe import Markup, escape
+
+from ..ledger import DAY_S
+from .queries import CreditPoint
+
+WIDTH = 760
+HEIGHT = 260
+LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 36
+
+
+def nice_step(span: float, ticks: int = 4) -> float:
+    """A round step (1, 2, 2.5 or 5 times a power of ten) that cuts ``span`` into about ``ticks`` parts."""
+    if span <= 0:
+        return 1.0
+    raw = span / ticks
+    power = 10.0 ** math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if raw <= m * power:
+            return m * power
+    return 10.0 * power
+
+
+def short_number(v: float) -> str:
+    for limit, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(v) >= limit:
+            return f"{v / limit:g}{suffix}"
+    return f"{v:g}"
+
+
+def day_label(day: int, fmt: str = "%b %d") -> str:
+    return datetime.fromtimestamp(day * DAY_S, UTC).strftime(fmt)
+
+
+def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> Markup:
+    """A line over a filled area, y axis with round ticks, x axis with about six dates."""
+    if not points:
+        return Markup("")
+    plot_w = WIDTH - LEFT - RIGHT
+    plot_h = HEIGHT - TOP - BOTTOM
+    peak = max(p.credit for p in points)
+    step = nice_step(peak)
+    top_value = step * max(1, math.ceil(peak / step))
+    n = len(points)
+
+    def x(i: int) -> float:
+        return LEFT + (plot_w * i / (n - 1) if n > 1 else plot_w / 2)
+
+    def y(v: float) -> float:
+        return TOP + plot_h * (1.0 - v / top_value)
+
+    parts: list[str] = [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-labelledby="chart-title" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="chart-title">{escape(title)}</title>',
+    ]
+    ticks = round(top_value / step)
+    for k in range(ticks + 1):
+        v = k * step
+        yy = y(v)
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
+        parts.append(f'<text class="ylabel" x="{LEFT - 8}" y="{yy + 4:.1f}">{short_number(v)}</text>')
+    base = TOP + plot_h
+    label_every = max(1, math.ceil(n / 6))
+    for i in range(n - 1, -1, -label_every):  # anchored on today, the most useful date
+        xx = x(i)
+        parts.append(
+            f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 5}"/>'
+        )
+        parts.append(f'<text class="xlabel" x="{xx:.1f}" y="{HEIGHT - 12}">{day_label(points[i].day)}</text>')
+    line = " ".join(f"{x(i):.1f},{y(p.credit):.1f}" for i, p in enumerate(points))
+    parts.append(f'<polygon class="area" points="{x(0):.1f},{base} {line} {x(n - 1):.1f},{base}"/>')
+    parts.append(f'<polyline class="line" points="{line}"/>')
+    parts.append(f'<line class="axis" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base}" y2="{base}"/>')
+    # One transparent column per day carries a tooltip: hovering shows the day's value, no script needed.
+    col = plot_w / max(1, n - 1) if n > 1 else plot_w
+    for i, p in enumerate(points):
+        left = max(LEFT, x(i) - col / 2)
+        right = min(WIDTH - RIGHT, x(i) + col / 2)
+        parts.append(
+            f'<rect class="hover" x="{left:.1f}" y="{TOP}" width="{right - left:.1f}" height="{plot_h}">'
+            f"<title>{day_label(p.day, '%Y-%m-%d')}: {p.credit:,.1f}</title></rect>"
+        )
+    parts.append("</svg>")
+    return Markup("".join(parts))

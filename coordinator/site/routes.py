@@ -1,0 +1,331 @@
+"""Handlers for the pages and their JSON twins; see the package docstring for the map."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from aiohttp import web
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ..config import CoordinatorConfig
+from ..leaderboard import MAX_DEPTH, LeaderboardError
+from ..services import SERVICES
+from . import queries
+from .chart import credit_chart, day_label
+from .queries import KINDS, SORTS, ExperimentCoverage, Kind, Sort
+
+HERE = Path(__file__).parent
+TEMPLATES_DIR = HERE / "templates"
+STATIC_DIR = HERE / "static"
+
+MAX_ACCOUNT_ID = 2**31 - 1
+#: Grids with more cells than this are summarised, not drawn cell by cell.
+MAX_GRID_CELLS = 4096
+ROW_1D = 16  # a one-dimensional grid wraps into rows of this many cells
+
+SessionsGetter = Callable[[web.Application], async_sessionmaker[AsyncSession]]
+ConfigGetter = Callable[[web.Application], CoordinatorConfig]
+OnlineGetter = Callable[[web.Application], Sequence[str] | None]
+
+#: No script at all, nothing from elsewhere: the pages need neither.
+SECURITY_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "
+        "frame-ancestors 'none'; form-action 'self'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+}
+
+
+@dataclass(frozen=True)
+class SiteContext:
+    get_sessions: SessionsGetter
+    get_config: ConfigGetter
+    get_online: OnlineGetter | None
+    env: jinja2.Environment
+    per_page: int
+    clock: Callable[[], float]
+
+
+SITE = web.AppKey("site", SiteContext)
+
+
+class BadParam(ValueError):
+    """A query parameter outside what the page accepts: answered with 400, never passed on."""
+
+
+def services_sessions(app: web.Application) -> async_sessionmaker[AsyncSession]:
+    return app[SERVICES].sessions
+
+
+def services_config(app: web.Application) -> CoordinatorConfig:
+    return app[SERVICES].config
+
+
+def hub_online(app: web.Application) -> Sequence[str] | None:
+    from ..signaling import HUB_KEY
+
+    hub = app.get(HUB_KEY)
+    return None if hub is None else hub.online()
+
+
+def setup_routes(
+    app: web.Application,
+    get_sessions: SessionsGetter = services_sessions,
+    get_config: ConfigGetter = services_config,
+    get_online: OnlineGetter | None = hub_online,
+    *,
+    per_page: int = 25,
+    clock: Callable[[], float] = time.time,
+) -> None:
+    """Add the pages, ``/api/site/swarm`` and ``/static/`` to ``app``.
+
+    The leaderboard's and contributors' JSON is ``coordinator.api_ledger``'s (``/api/leaderboard``,
+    ``/api/contributors/{id}``); only the swarm view (coverage, peers online, top hosts) is new here.
+
+    By default the pages read ``app[SERVICES]`` and the signaling hub (0 peers online without one).
+    The accessors are called per request with the app, so these may be put on the app after this
+    (at startup); tests pass their own.
+    """
+    app[SITE] = SiteContext(get_sessions, get_config, get_online, make_env(), per_page, clock)
+    r = app.router
+    r.add_get("/", index, name="site.index")
+    r.add_get("/leaderboard", leaderboard_page, name="site.leaderboard")
+    r.add_get("/contributors/{account_id}", contributor_page, name="site.contributor")
+    r.add_get("/swarm", swarm_page, name="site.swarm")
+    r.add_get("/api/site/swarm", swarm_api, name="site.api.swarm")
+    r.add_static("/static/", STATIC_DIR, name="site.static", append_version=True)
+
+
+def make_env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
+        autoescape=True,  # every template, whatever its name: display names are user input
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+    env.filters["credit"] = format_credit
+    env.filters["compact"] = compact
+    env.filters["day"] = day_label
+    env.filters["short_peer"] = short_peer
+    env.globals["lb_url"] = leaderboard_url
+    env.globals["ago"] = ago
+    return env
+
+
+# ---- formatting ----------------------------------------------------------------------------------------
+
+
+def format_credit(v: float) -> str:
+    if v >= 100:
+        return f"{v:,.0f}"
+    return f"{v:,.1f}"
+
+
+def compact(v: float) -> str:
+    """Big counts for the stat tiles: 13,628,885 -> "13.6M"; below a million, all digits."""
+    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
+        if abs(v) >= limit:
+            return f"{v / limit:.1f}{suffix}"
+    return f"{v:,.0f}"
+
+
+def short_peer(peer_id: str) -> str:
+    return peer_id if len(peer_id) <= 12 else peer_id[:12] + "…"
+
+
+def ago(ts: float, now: float) -> str:
+    if ts <= 0:
+        return "never"
+    s = max(0.0, now - ts)
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if s >= size:
+            return f"{int(s // size)} {unit} ago"
+    return "just now"
+
+
+def leaderboard_url(kind: str, sort: str, page: int = 1) -> str:
+    q: dict[str, str | int] = {"kind": kind, "sort": sort}
+    if page > 1:
+        q["page"] = page
+    return "/leaderboard?" + urlencode(q)
+
+
+# ---- parameters ----------------------------------------------------------------------------------------
+
+
+def _choice(query: Mapping[str, str], name: str, allowed: Sequence[str], default: str) -> str:
+    value = query.get(name, default)
+    if value not in allowed:
+        raise BadParam(f"{name} must be one of: {', '.join(allowed)}")
+    return value
+
+
+def _int(raw: str, name: str, lo: int, hi: int) -> int:
+    # isdigit alone accepts other scripts' digits and superscripts; int() accepts "+1", " 1", "1_0".
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:
+        raise BadParam(f"{name} must be a whole number from {lo} to {hi}")
+    v = int(raw)
+    if not lo <= v <= hi:
+        raise BadParam(f"{name} must be a whole number from {lo} to {hi}")
+    return v
+
+
+def leaderboard_params(query: Mapping[str, str], max_page: int) -> tuple[Kind, Sort, int]:
+    kind = _choice(query, "kind", KINDS, "users")
+    sort = _choice(query, "sort", SORTS, "total")
+    page = _int(query.get("page", "1"), "page", 1, max_page)
+    return kind, sort, page  # type: ignore[return-value]
+
+
+def account_id_param(request: web.Request) -> int | None:
+    try:
+        return _int(request.match_info["account_id"], "account id", 1, MAX_ACCOUNT_ID)
+    except BadParam:
+        return None  # no such contributor, whatever it looked like
+
+
+# ---- responses -----------------------------------------------------------------------------------------
+
+
+def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
+    ctx = request.app[SITE]
+    context.setdefault("now", ctx.clock())
+    context.setdefault("nav", "")
+    body = ctx.env.get_template(template).render(static=_static_urls(request), **context)
+    resp = web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
+    resp.headers.update(SECURITY_HEADERS)
+    return resp
+
+
+def _static_urls(request: web.Request) -> Callable[[str], str]:
+    resource = request.app.router["site.static"]
+
+    def url(filename: str) -> str:
+        return str(resource.url_for(filename=filename))
+
+    return url
+
+
+def error_page(request: web.Request, status: int, message: str) -> web.Response:
+    titles = {400: "Bad request", 404: "Not found"}
+    return render(request, "error.html", status=status, title=titles.get(status, "Error"), message=message)
+
+
+def error_json(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status, headers=SECURITY_HEADERS)
+
+
+def to_json(obj: Any) -> Any:
+    return dataclasses.asdict(obj)
+
+
+# ---- handlers ------------------------------------------------------------------------------------------
+
+
+async def _load_swarm(request: web.Request, top: int = 20) -> queries.Swarm:
+    ctx = request.app[SITE]
+    online = ctx.get_online(request.app) if ctx.get_online is not None else None
+    config = ctx.get_config(request.app)
+    async with ctx.get_sessions(request.app)() as session:
+        return await queries.swarm(session, config.experiments, len(online or ()), ctx.clock(), top)
+
+
+async def index(request: web.Request) -> web.Response:
+    ctx = request.app[SITE]
+    swarm = await _load_swarm(request, top=0)
+    sessions = ctx.get_sessions(request.app)
+    users = await queries.leaderboard_page(sessions, "users", "recent", 1, 5, ctx.clock())
+    teams = await queries.leaderboard_page(sessions, "teams", "recent", 1, 5, ctx.clock())
+    return render(request, "index.html", nav="index", swarm=swarm, users=users, teams=teams)
+
+
+async def leaderboard_page(request: web.Request) -> web.Response:
+    ctx = request.app[SITE]
+    try:
+        kind, sort, page = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
+        board = await queries.leaderboard_page(
+            ctx.get_sessions(request.app), kind, sort, page, ctx.per_page, ctx.clock()
+        )
+    except (BadParam, LeaderboardError) as e:
+        return error_page(request, 400, str(e))
+    return render(request, "leaderboard.html", nav="leaderboard", board=board, kinds=KINDS)
+
+
+async def _load_contributor(request: web.Request) -> queries.Contributor | None:
+    account_id = account_id_param(request)
+    if account_id is None:
+        return None
+    ctx = request.app[SITE]
+    return await queries.contributor(ctx.get_sessions(request.app), account_id, ctx.clock())
+
+
+async def contributor_page(request: web.Request) -> web.Response:
+    who = await _load_contributor(request)
+    if who is None:
+        return error_page(request, 404, "There is no contributor with this id.")
+    chart = credit_chart(who.days, title=f"Daily credit, last {len(who.days)} days")
+    window = sum(p.credit for p in who.days)
+    return render(request, "contributor.html", nav="leaderboard", who=who, chart=chart, window_credit=window)
+
+
+@dataclass(frozen=True)
+class GridCell:
+    uid: str
+    label: str
+    hosts: int
+    level: str  # css class: none, low, ok
+
+
+@dataclass(frozen=True)
+class GridView:
+    """An experiment's grid laid out as table rows: the last grid axis runs across."""
+
+    col_labels: list[str]
+    rows: list[tuple[str, list[GridCell]]]
+
+
+def grid_view(exp: ExperimentCoverage) -> GridView | None:
+    if exp.experts == 0 or exp.experts > MAX_GRID_CELLS:
+        return None
+    cells = []
+    for uid, n in exp.hosts_per_expert.items():
+        level = "none" if n == 0 else "low" if n < exp.replication else "ok"
+        cells.append(GridCell(uid, uid[len(exp.name) + 1 :], n, level))
+    width = exp.grid[-1] if len(exp.grid) > 1 else min(ROW_1D, exp.experts)
+    rows = []
+    for start in range(0, len(cells), width):
+        chunk = cells[start : start + width]
+        # 2-D and up: the row is the uid without its last index; 1-D: the range of indices in the row.
+        label = chunk[0].label.rsplit(".", 1)[0] if len(exp.grid) > 1 else f"{start}-{start + len(chunk) - 1}"
+        rows.append((label, chunk))
+    return GridView([str(j) for j in range(width)] if len(exp.grid) > 1 else [], rows)
+
+
+async def swarm_page(request: web.Request) -> web.Response:
+    swarm = await _load_swarm(request)
+    grids = [grid_view(e) for e in swarm.experiments]
+    return render(
+        request,
+        "swarm.html",
+        nav="swarm",
+        swarm=swarm,
+        experiments=list(zip(swarm.experiments, grids, strict=True)),
+    )
+
+
+async def swarm_api(request: web.Request) -> web.Response:
+    swarm = await _load_swarm(request)
+    data = to_json(swarm)
+    for exp, out in zip(swarm.experiments, data["experiments"], strict=True):
+        out.update(experts=exp.experts, covered=exp.covered, replicated=exp.replicated)
+    return web.json_response(data, headers=SECURITY_HEADERS)

@@ -1,0 +1,76 @@
+"""The whole coordinator on a real socket: register, bind a host, join signaling, get an assignment."""
+
+import base64
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from coordinator.accounts import bind_message
+from coordinator.app import start_full
+from coordinator.config import CoordinatorConfig, ExperimentConfig
+from engine.p2p import Identity, Peer, SignalingError
+from engine.p2p.aiortc_patches import pin_host_addresses
+
+EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], hyperparams={"d_model": 16, "hidden": 32})
+
+
+async def test_volunteer_joins_and_is_assigned(tmp_path: Path) -> None:
+    pin_host_addresses(["127.0.0.1"])
+    config = CoordinatorConfig(
+        port=0,
+        database_url=f"sqlite+aiosqlite:///{tmp_path / 'c.sqlite3'}",
+        token_key_path=str(tmp_path / "token.key"),
+        experiments=[EXP],
+    )
+    running = await start_full(config)
+    me = Identity.generate()
+    try:
+        async with aiohttp.ClientSession(running.url) as http:
+            r = await http.post("/api/accounts", json={"name": "Ada", "team": "Night Owls"})
+            assert r.status == 201, await r.text()
+            reg = await r.json()
+            token, account = reg["token"], reg["account"]["id"]
+            auth = {"Authorization": f"Bearer {token}"}
+
+            # Not bound yet: signaling refuses and so does the assignment.
+            stranger = Peer(me, running.signaling_url, token=token)
+            with pytest.raises(SignalingError, match="host_not_bound"):
+                await stranger.start()
+            await stranger.stop()
+            r = await http.post(
+                "/api/assignment", json={"peer_id": me.peer_id, "memory_bytes": 1 << 30}, headers=auth
+            )
+            assert r.status == 403
+
+            proof = me.sign(bind_message(account))
+            body = {
+                "public_key": base64.b64encode(me.public_key).decode(),
+                "signature": base64.b64encode(proof).decode(),
+            }
+            r = await http.post("/api/hosts", json=body, headers=auth)
+            assert r.status in (200, 201), await r.text()
+
+            peer = Peer(me, running.signaling_url, token=token)
+            await peer.start()
+            try:
+                r = await http.post(
+                    "/api/assignment", json={"peer_id": me.peer_id, "memory_bytes": 1 << 30}, headers=auth
+                )
+                assert r.status == 200, await r.text()
+                got = await r.json()
+                assert sorted(e["uid"] for e in got["experts"]) == [
+                    "ffn.0.0",
+                    "ffn.0.1",
+                    "ffn.1.0",
+                    "ffn.1.1",
+                ]
+                assert got["experts"][0]["spec"] == {"arch": "ffn", "dim": 16, "hidden": 32}
+                assert me.peer_id in running.hub.online()
+            finally:
+                await peer.stop()
+            for path in ("/", "/leaderboard", "/swarm", "/api/leaderboard"):
+                r = await http.get(path)
+                assert r.status == 200, path
+    finally:
+        await running.stop()

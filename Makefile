@@ -18,7 +18,9 @@ run: $(STAMP)
 	$(BIN)/lah demo-transport
 
 test: $(STAMP)
-	bash scripts/services && $(BIN)/python -m pytest -q
+	bash scripts/services
+	$(BIN)/pip install --quiet -e '.[dev,nat]'
+	$(BIN)/python -m pytest -q
 
 check: $(STAMP)
 	scripts/check

@@ -114,7 +114,7 @@ class Proc:
         self.name = name
         self.ns = ns
         self.log_path = log_dir / f"{name}.log"
-        self._log = open(self.log_path, "w")  # noqa: SIM115 - closed in stop()
+        self._log = open(self.log_path, "w")  # noqa: SIM115  (closed in stop())
         self.proc = subprocess.Popen(
             ["ip", "netns", "exec", ns, *args],
             stdin=subprocess.PIPE,

@@ -295,10 +295,10 @@ async def _run_pair(loss: float, ordered: bool = True, n: int = 40, size: int = 
     await a.start(b.getCapabilities(), 5000)
     await b.start(a.getCapabilities(), 5000)
     async with asyncio.timeout(30):
-        while a.state != "connected" or b.state != "connected":  # noqa: ASYNC110
+        while a.state != "connected" or b.state != "connected":
             await asyncio.sleep(0.01)
         channel = RTCDataChannel(a, RTCDataChannelParameters(label="t", ordered=ordered))
-        while channel.readyState != "open":  # noqa: ASYNC110
+        while channel.readyState != "open":
             await asyncio.sleep(0.01)
         sent = [os.urandom(rng.randrange(1, size)) for _ in range(n)]
         for message in sent:

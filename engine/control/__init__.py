@@ -1,0 +1,45 @@
+"""Local control of a running node: only the same user on the same machine may use it.
+
+Layers, bottom up (imports ``engine.node`` and ``engine.resources``; never Qt, ``app/``, ``coordinator/``)::
+
+    protocol      JSON-lines framing, the connection file (host, port, secret, pid; mode 0600), errors
+    server        ControlServer: localhost TCP; first line must carry the secret; commands below
+    node_control  NodeControl: status / pause / resume / snooze / set_limits on a Volunteer (+ Governor)
+    client        ControlClient: for the tray app and ``lah status|pause|resume|snooze``
+
+Commands: ``status`` (``follow: true`` streams updates), ``pause``, ``resume``, ``snooze {seconds}``,
+``set_limits {limits: {...}}`` (validated by ``engine.resources.validated``, saved, applied).
+
+Exceptions::
+
+    ControlError            ``code`` + message, as sent back in error replies
+    ├── Unauthorized        wrong or missing secret
+    └── NodeNotRunning      no connection file, or nothing answers on its port
+"""
+
+from .client import ControlClient
+from .node_control import NodeControl
+from .protocol import (
+    ConnectionInfo,
+    ControlError,
+    NodeNotRunning,
+    Unauthorized,
+    default_connection_path,
+    default_dir,
+    file_mode,
+)
+from .server import Controller, ControlServer
+
+__all__ = [
+    "ConnectionInfo",
+    "ControlClient",
+    "ControlError",
+    "ControlServer",
+    "Controller",
+    "NodeControl",
+    "NodeNotRunning",
+    "Unauthorized",
+    "default_connection_path",
+    "default_dir",
+    "file_mode",
+]

@@ -1,0 +1,134 @@
+"""What ``lah node``, ``lah status``, ``lah pause``, ``lah resume`` and ``lah snooze`` do.
+
+``lah node`` takes the single-instance lock (a second node is refused with the first one's PID), loads
+the settings, identity and token (OS keyring, or ``--token-file``), starts the Volunteer with the real
+machine's sensors and governor, and serves the control socket until Ctrl+C / SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+from engine.node import FileTokenStore, InstanceLock, KeyringTokenStore, NodeError, TokenStore, Volunteer
+from engine.p2p import Identity
+from engine.resources import SystemSensors, apply_torch_limits, load_settings
+
+from .client import ControlClient
+from .node_control import NodeControl
+from .protocol import APP_NAME, ControlError, default_connection_path, default_dir
+from .server import ControlServer
+
+
+def data_dir() -> Path:
+    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+async def run_node(
+    coordinator_url: str,
+    *,
+    name: str | None = None,
+    team: str | None = None,
+    data: Path | None = None,
+    settings_file: Path | None = None,
+    token_file: Path | None = None,
+) -> int:
+    data = data or data_dir()
+    lock = InstanceLock(default_dir() / "node.lock")
+    try:
+        lock.acquire()
+    except NodeError as e:
+        print(f"lah node: {e}", file=sys.stderr)
+        return 2
+    try:
+        settings, warnings = load_settings(settings_file)
+        for warning in warnings:
+            print(f"settings: {warning}", file=sys.stderr)
+        apply_torch_limits(settings)
+        store: TokenStore = FileTokenStore(token_file) if token_file else KeyringTokenStore()
+        sensors = SystemSensors(use_gpu=settings.use_gpu, gpu_index=settings.gpu_index)
+        volunteer = Volunteer(
+            Identity.load_or_create(data / "identity.key"),
+            coordinator_url,
+            store,
+            settings,
+            data,
+            account_name=name,
+            team=team,
+            sensors=sensors,
+        )
+        control = ControlServer(NodeControl(volunteer, settings_file))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows: Ctrl+C only
+                loop.add_signal_handler(sig, stop.set)
+        try:
+            await volunteer.start()
+        except NodeError as e:
+            print(f"lah node: {e}", file=sys.stderr)
+            await volunteer.stop()
+            return 1
+        await control.start()
+        print(
+            f"node {volunteer.peer_id[:12]}… hosting {', '.join(volunteer.hosted_uids) or 'nothing yet'}; "
+            f"control at {control.path}; Ctrl+C stops",
+            flush=True,
+        )
+        try:
+            await stop.wait()
+        finally:
+            await control.stop()
+            await volunteer.stop()
+            sensors.close()
+        return 0
+    finally:
+        lock.release()
+
+
+def format_status(status: dict[str, Any]) -> str:
+    lines = [
+        f"state:     {status.get('state')} ({status.get('reason')})",
+        f"experts:   {', '.join(status.get('experts') or []) or '-'}",
+        f"served:    {status.get('requests_served')} requests, refused {status.get('requests_refused')}",
+        f"traffic:   {status.get('bytes_up', 0) / 2**20:.1f} MiB up, "
+        f"{status.get('bytes_down', 0) / 2**20:.1f} MiB down",
+        f"credit:    {status.get('credit') if status.get('credit') is not None else 'unknown'}",
+    ]
+    if status.get("energy_kwh") is not None:
+        lines.append(f"energy:    {status['energy_kwh']:.4f} kWh (estimate)")
+    for err in (status.get("errors") or [])[-3:]:
+        lines.append(f"error:     {err.get('message')}")
+    return "\n".join(lines)
+
+
+async def run_client(
+    command: str, *, minutes: float = 0.0, follow: bool = False, path: Path | None = None
+) -> int:
+    try:
+        async with ControlClient(path or default_connection_path()) as client:
+            if command == "status" and follow:
+                async for status in client.follow_status():
+                    print(format_status(status) + "\n", flush=True)
+                return 0
+            if command == "status":
+                status = await client.status()
+            elif command == "pause":
+                status = await client.pause()
+            elif command == "resume":
+                status = await client.resume()
+            elif command == "snooze":
+                status = await client.snooze(minutes * 60)
+            else:
+                raise ControlError("unknown_command", command)
+    except ControlError as e:
+        print(f"lah {command}: {e.message}", file=sys.stderr)
+        return 1
+    print(format_status(status))
+    return 0

@@ -1,0 +1,107 @@
+"""NodeControl: the control commands applied to a running Volunteer and its Governor.
+
+With a governor, pause/resume/snooze go through it (so its decision, reason and the work hooks stay the
+one source of truth); without one (tests, demos) the Volunteer's hooks are called directly.
+``set_limits`` merges the given fields into the current settings, validates them with
+``engine.resources.validated``, saves them (when a path is given) and applies them at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from engine.node import Volunteer
+from engine.resources import Decision, Reason, Settings, SettingsError, State, save_settings, validated
+from engine.resources.limits import apply_torch_limits
+
+from .protocol import ControlError
+
+
+class NodeControl:
+    def __init__(self, volunteer: Volunteer, settings_path: Path | None = None) -> None:
+        self.volunteer = volunteer
+        self.settings_path = settings_path
+        self._snooze: asyncio.TimerHandle | None = None
+
+    def status(self) -> dict[str, Any]:
+        status = self.volunteer.status()
+        status["limits"] = msgspec.to_builtins(self.volunteer.settings)
+        return status
+
+    async def pause(self) -> None:
+        gov = self.volunteer.governor
+        if gov is not None:
+            gov.pause()
+            await self._settle(lambda d: d.state is State.PAUSED)
+        else:
+            await self.volunteer.on_stop_work(Decision(State.PAUSED, Reason.PAUSED, "Paused by you"))
+
+    async def resume(self) -> None:
+        self._cancel_snooze()
+        gov = self.volunteer.governor
+        if gov is not None:
+            gov.resume()
+            await self._settle(lambda d: d.state not in (State.PAUSED, State.SNOOZED))
+        else:
+            await self.volunteer.on_resume_work(Decision(State.RUNNING, Reason.RUNNING, "Running"))
+
+    async def snooze(self, seconds: float) -> None:
+        gov = self.volunteer.governor
+        if gov is not None:
+            gov.snooze(seconds)
+            await self._settle(lambda d: d.state is State.SNOOZED)
+            return
+        await self.volunteer.on_stop_work(
+            Decision(State.SNOOZED, Reason.SNOOZED, f"Snoozed for {seconds:.0f} s")
+        )
+        self._cancel_snooze()
+        loop = asyncio.get_running_loop()
+        self._snooze = loop.call_later(seconds, lambda: loop.create_task(self.resume()))
+
+    def _cancel_snooze(self) -> None:
+        if self._snooze is not None:
+            self._snooze.cancel()
+            self._snooze = None
+
+    async def _settle(self, done: Callable[[Decision], bool], timeout: float = 2.0) -> None:
+        """Wait (bounded) until the governor has acted on the change, so the reply shows the new status.
+
+        The governor publishes a decision only after its work hooks ran, so seeing it published is enough.
+        """
+        gov = self.volunteer.governor
+        assert gov is not None
+        queue = gov.subscribe()
+        try:
+            async with asyncio.timeout(timeout):
+                while not done(await queue.get()):
+                    pass
+        except TimeoutError:
+            pass
+        finally:
+            gov.unsubscribe(queue)
+
+    async def set_limits(self, limits: dict[str, Any]) -> dict[str, Any]:
+        current = msgspec.to_builtins(self.volunteer.settings)
+        unknown = sorted(set(limits) - set(current))
+        if unknown:
+            raise ControlError("bad_request", f"unknown setting(s): {', '.join(unknown)}")
+        try:
+            settings = validated(msgspec.convert({**current, **limits}, Settings))
+        except (msgspec.ValidationError, SettingsError) as e:
+            raise ControlError("invalid_limits", str(e)) from e
+        if self.settings_path is not None:
+            try:
+                save_settings(settings, self.settings_path)
+            except SettingsError as e:
+                raise ControlError("save_failed", str(e)) from e
+        self.volunteer.settings = settings
+        if self.volunteer.governor is not None:
+            self.volunteer.governor.set_settings(settings)
+        apply_torch_limits(settings)
+        result: dict[str, Any] = msgspec.to_builtins(settings)
+        return result

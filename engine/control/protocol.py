@@ -1,0 +1,111 @@
+"""The control protocol's framing, errors and the connection file (port + secret, mode 0600).
+
+JSON lines over a localhost TCP socket. The first line a client sends is ``{"auth": <secret>}``; the server
+answers ``{"ok": true}`` or ``{"ok": false, "error": "unauthorized", ...}`` and hangs up. After that each
+request is ``{"id": n, "cmd": ..., ...args}`` and each reply ``{"id": n, "ok": true, "result": ...}`` or
+``{"id": n, "ok": false, "error": code, "message": text}``; ``status`` with ``"follow": true`` sends
+``{"id": n, "event": "status", "status": {...}}`` lines until the client hangs up.
+
+The secret lives in the connection file in the user's runtime (else config) folder, created with mode
+0600 (on Windows the folder is already per-user): whoever can read it is the user who started the node.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import stat
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+APP_NAME = "learning-at-home"
+CONNECTION_FILE = "control.json"
+MAX_LINE = 64 * 1024
+AUTH_TIMEOUT_S = 5.0
+
+
+class ControlError(Exception):
+    """A control request failed; ``code`` is machine-readable."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+class Unauthorized(ControlError):
+    def __init__(self, message: str = "wrong or missing secret") -> None:
+        super().__init__("unauthorized", message)
+
+
+class NodeNotRunning(ControlError):
+    def __init__(self, message: str) -> None:
+        super().__init__("not_running", message)
+
+
+def default_dir() -> Path:
+    runtime = os.environ.get("XDG_RUNTIME_DIR") if sys.platform.startswith("linux") else None
+    if runtime:
+        return Path(runtime) / APP_NAME
+    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+
+
+def default_connection_path() -> Path:
+    return default_dir() / CONNECTION_FILE
+
+
+@dataclass(frozen=True)
+class ConnectionInfo:
+    host: str
+    port: int
+    secret: str
+    pid: int
+
+    @staticmethod
+    def new_secret() -> str:
+        return secrets.token_hex(32)
+
+    def write(self, path: Path) -> None:
+        """Atomically, and never readable by others for an instant (the temp file is 0600 from creation)."""
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump({"host": self.host, "port": self.port, "secret": self.secret, "pid": self.pid}, f)
+        os.chmod(tmp, 0o600)  # in case the file pre-existed with wider bits
+        os.replace(tmp, path)
+
+    @classmethod
+    def read(cls, path: Path) -> ConnectionInfo:
+        try:
+            raw = json.loads(path.read_text())
+            return cls(str(raw["host"]), int(raw["port"]), str(raw["secret"]), int(raw["pid"]))
+        except FileNotFoundError:
+            raise NodeNotRunning(
+                f"no volunteer node is running (no {path}); start one with `lah node`"
+            ) from None
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise NodeNotRunning(f"cannot read the node's connection file {path}: {e}") from e
+
+
+def file_mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), default=str).encode() + b"\n"
+
+
+def decode(line: bytes) -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        raise ControlError("bad_request", f"not JSON: {e}") from e
+    if not isinstance(obj, dict):
+        raise ControlError("bad_request", "each line must be a JSON object")
+    return obj

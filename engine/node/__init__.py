@@ -1,0 +1,61 @@
+"""The volunteer node: joins the coordinator, hosts assigned experts, and yields the machine on demand.
+
+Layers, bottom up (each imports only those below it, plus ``engine.p2p``, ``engine.dht``, ``engine.moe``
+and ``engine.resources``; never Qt, ``app/`` or ``coordinator/``)::
+
+    errors           the exception tree below
+    tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
+    coordinator_api  the coordinator's HTTP API (accounts, host binding, token refresh, assignment)
+    memory           the memory budget offered to the coordinator; process RSS
+    gate             WorkGate: one switch in front of moe.forward/backward ("unavailable" when closed)
+    hosting          Hosting: the ExpertServer of the current assignment; release/restore memory
+    lock             InstanceLock: one node per user (lock file with the PID, stale-lock detection)
+    status           the status dict (keys documented there)
+    volunteer        Volunteer: start/stop, upkeep (re-assign, re-declare, re-bootstrap), WorkHooks
+    join             join_local(): fresh identity + account + start, for local swarms and demos
+
+Exceptions::
+
+    NodeError
+    ├── CoordinatorError        the coordinator answered with an error (``status``, ``code``)
+    ├── CoordinatorUnreachable  no answer from the coordinator (after the start retries, too)
+    └── AlreadyRunning          another node of this user holds the instance lock (``pid``)
+"""
+
+from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi, bind_message, signaling_url_of
+from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
+from .gate import UNAVAILABLE, WorkGate
+from .hosting import Hosting
+from .join import join_local
+from .lock import InstanceLock
+from .memory import memory_budget, process_rss
+from .status import STATUS_KEYS, build_status
+from .tokens import Credentials, FileTokenStore, KeyringTokenStore, MemoryTokenStore, TokenStore
+from .volunteer import Volunteer
+
+__all__ = [
+    "STATUS_KEYS",
+    "UNAVAILABLE",
+    "AlreadyRunning",
+    "AssignedExpert",
+    "Assignment",
+    "CoordinatorApi",
+    "CoordinatorError",
+    "CoordinatorUnreachable",
+    "Credentials",
+    "FileTokenStore",
+    "Hosting",
+    "InstanceLock",
+    "KeyringTokenStore",
+    "MemoryTokenStore",
+    "NodeError",
+    "TokenStore",
+    "Volunteer",
+    "WorkGate",
+    "bind_message",
+    "build_status",
+    "join_local",
+    "memory_budget",
+    "process_rss",
+    "signaling_url_of",
+]

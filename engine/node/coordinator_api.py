@@ -1,0 +1,130 @@
+"""The coordinator's HTTP API as the node uses it: accounts, host binding, token refresh, assignments.
+
+Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
+:class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
+the one piece it must agree on byte for byte, the host-binding message, is replicated here.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import aiohttp
+
+from engine.moe import ExpertSpec
+from engine.p2p import Identity
+
+from .errors import CoordinatorError, CoordinatorUnreachable
+from .tokens import Credentials
+
+# Must equal coordinator.accounts.BIND_DOMAIN + str(account_id) (coordinator/accounts.py, bind_message);
+# tests/unit/node checks the two agree.
+BIND_DOMAIN = b"lah-bind-host-v1\x00"
+
+
+def bind_message(account_id: int) -> bytes:
+    return BIND_DOMAIN + str(account_id).encode("ascii")
+
+
+def signaling_url_of(coordinator_url: str) -> str:
+    """``http://host:port`` -> ``ws://host:port/ws/signal`` (https -> wss)."""
+    parts = urlsplit(coordinator_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws/signal", "", ""))
+
+
+@dataclass(frozen=True)
+class AssignedExpert:
+    experiment: str
+    uid: str
+    spec: ExpertSpec
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class Assignment:
+    experts: tuple[AssignedExpert, ...]
+    bootstrap: tuple[str, ...]
+    ttl_s: float
+
+    @property
+    def specs(self) -> dict[str, ExpertSpec]:
+        return {e.uid: e.spec for e in self.experts}
+
+
+def parse_assignment(raw: Any) -> Assignment:
+    try:
+        experts = tuple(
+            AssignedExpert(
+                str(e["experiment"]),
+                str(e["uid"]),
+                ExpertSpec.from_fields({"hidden": 0, "heads": 1, "seq_len": 0, **e["spec"]}),
+                float(e["expires_at"]),
+            )
+            for e in raw["experts"]
+        )
+        return Assignment(experts, tuple(str(p) for p in raw["bootstrap"]), float(raw["ttl_s"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise CoordinatorError(200, "bad_reply", f"unexpected assignment reply: {e}") from e
+
+
+class CoordinatorApi:
+    def __init__(self, url: str, *, timeout: float = 15.0) -> None:
+        self.url = url.rstrip("/")
+        self.timeout = timeout
+
+    async def _post(self, path: str, body: dict[str, Any] | None, token: str | None = None) -> Any:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as http,
+                http.post(self.url + path, json=body if body is not None else {}, headers=headers) as r,
+            ):
+                try:
+                    data = await r.json(content_type=None)
+                except ValueError:
+                    data = {}
+                if r.status >= 400:
+                    data = data if isinstance(data, dict) else {}
+                    raise CoordinatorError(
+                        r.status, str(data.get("error", "http_error")), str(data.get("message", r.reason))
+                    )
+                return data
+        except (aiohttp.ClientConnectionError, TimeoutError) as e:
+            raise CoordinatorUnreachable(f"{self.url} unreachable: {type(e).__name__}: {e}") from e
+        except aiohttp.ClientError as e:
+            raise CoordinatorUnreachable(f"coordinator {self.url}: {type(e).__name__}: {e}") from e
+
+    async def register(self, name: str, team: str | None = None) -> Credentials:
+        body: dict[str, Any] = {"name": name}
+        if team:
+            body["team"] = team
+        data = await self._post("/api/accounts", body)
+        return Credentials(int(data["account"]["id"]), str(data["token"]), float(data["expires_at"]))
+
+    async def bind_host(self, credentials: Credentials, identity: Identity) -> bool:
+        """Bind ``identity`` to the account; True if newly bound (idempotent)."""
+        body = {
+            "public_key": base64.b64encode(identity.public_key).decode(),
+            "signature": base64.b64encode(identity.sign(bind_message(credentials.account_id))).decode(),
+        }
+        data = await self._post("/api/hosts", body, credentials.token)
+        return str(data.get("peer_id")) == identity.peer_id
+
+    async def refresh(self, credentials: Credentials) -> Credentials:
+        data = await self._post("/api/tokens/refresh", None, credentials.token)
+        return Credentials(credentials.account_id, str(data["token"]), float(data["expires_at"]))
+
+    async def assignment(
+        self, token: str, peer_id: str, device: str, memory_bytes: int, upload_bytes_per_s: int = 0
+    ) -> Assignment:
+        body = {
+            "peer_id": peer_id,
+            "device": device,
+            "memory_bytes": memory_bytes,
+            "upload_bytes_per_s": upload_bytes_per_s,
+        }
+        return parse_assignment(await self._post("/api/assignment", body, token))

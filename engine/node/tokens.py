@@ -1,0 +1,96 @@
+"""Where the account token lives: the OS keyring in the product, memory or a 0600 file in tests.
+
+A :class:`TokenStore` maps a key (the coordinator's URL) to a string; the node stores its
+:class:`Credentials` there as JSON. Tokens are bearer secrets, so the file store creates its file with
+mode 0600 and the keyring store never writes anything to disk itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Protocol
+
+KEYRING_SERVICE = "learning-at-home"
+
+
+@dataclass(frozen=True)
+class Credentials:
+    account_id: int
+    token: str
+    expires_at: float
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def loads(cls, text: str) -> Credentials | None:
+        """``None`` for anything that is not a credentials record (so a bad entry means "register again")."""
+        try:
+            raw = json.loads(text)
+            return cls(int(raw["account_id"]), str(raw["token"]), float(raw["expires_at"]))
+        except (ValueError, KeyError, TypeError):
+            return None
+
+
+class TokenStore(Protocol):
+    def get(self, key: str) -> str | None: ...
+
+    def set(self, key: str, value: str) -> None: ...
+
+
+class MemoryTokenStore:
+    def __init__(self) -> None:
+        self.values: dict[str, str] = {}
+
+    def get(self, key: str) -> str | None:
+        return self.values.get(key)
+
+    def set(self, key: str, value: str) -> None:
+        self.values[key] = value
+
+
+class FileTokenStore:
+    """One JSON object in a file only the owner can read (mode 0600, written atomically)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def _read(self) -> dict[str, str]:
+        try:
+            raw = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return {}
+        return {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+
+    def get(self, key: str) -> str | None:
+        return self._read().get(key)
+
+    def set(self, key: str, value: str) -> None:
+        data = self._read()
+        data[key] = value
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.replace(tmp, self.path)
+
+
+class KeyringTokenStore:
+    """The OS keyring (Windows Credential Locker, macOS Keychain, Secret Service) via ``keyring``."""
+
+    def __init__(self, service: str = KEYRING_SERVICE) -> None:
+        import keyring  # imported here: tests and headless tools need not have a keyring backend
+
+        self._keyring = keyring
+        self.service = service
+
+    def get(self, key: str) -> str | None:
+        value = self._keyring.get_password(self.service, key)
+        return value if isinstance(value, str) else None
+
+    def set(self, key: str, value: str) -> None:
+        self._keyring.set_password(self.service, key, value)

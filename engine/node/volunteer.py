@@ -1,0 +1,338 @@
+"""Volunteer: the node process's core. Account, signaling, assignment, experts, DHT, governor hooks.
+
+``start()`` runs the join flow (each step retried until ``start_timeout``, with a clear error after):
+credentials from the token store (registering an account on first run), the host key bound to the
+account (idempotent), the signaling hub joined with a token that refreshes itself near expiry, an
+assignment sized by the memory budget, an ExpertServer for it, a DHT node bootstrapped from the
+assignment's peers, and a Declarer keeping the experts declared while the node works.
+
+An upkeep task re-asks for the assignment before it lapses and after every signaling reconnect (sleep,
+network change), re-declares after reconnects, and retries a DHT bootstrap that found nobody.
+
+As the governor's :class:`~engine.resources.WorkHooks`: ``on_stop_work`` closes the work gate at once
+(new requests get ``unavailable``), stops declaring, drains what is in flight (bounded) and frees memory;
+``on_resume_work`` restores memory, reopens the gate and declares again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.dht import Declarer, DHTError, DHTNode
+from engine.dht.p2p_transport import PeerTransport
+from engine.moe import default_device
+from engine.p2p import Handlers, Identity, LinkConfig, P2PError, Peer
+from engine.resources import Decision, EnergyMeter, Governor, SensorSource, Settings
+
+from .coordinator_api import Assignment, CoordinatorApi, signaling_url_of
+from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
+from .gate import WorkGate
+from .hosting import Hosting
+from .memory import memory_budget
+from .tokens import Credentials, TokenStore
+
+logger = logging.getLogger(__name__)
+
+
+class Volunteer:
+    def __init__(
+        self,
+        identity: Identity,
+        coordinator_url: str,
+        token_store: TokenStore,
+        settings: Settings,
+        data_dir: Path,
+        *,
+        device: torch.device | str | None = None,
+        account_name: str | None = None,
+        team: str | None = None,
+        sensors: SensorSource | None = None,
+        governor_options: dict[str, Any] | None = None,
+        link_config: LinkConfig | None = None,
+        start_timeout: float = 60.0,
+        retry_s: float = 2.0,
+        http_timeout: float = 15.0,
+        declare_ttl: float = 60.0,
+        declare_period: float = 20.0,
+        checkpoint_interval_s: float = 300.0,
+        upkeep_interval: float = 1.0,
+        drain_timeout: float = 5.0,
+        refresh_margin_s: float = 600.0,
+    ) -> None:
+        self.identity = identity
+        self.coordinator_url = coordinator_url.rstrip("/")
+        self.token_store = token_store
+        self.settings = settings
+        self.data_dir = Path(data_dir)
+        self.device = torch.device(device) if device is not None else _device_for(settings)
+        self.account_name = account_name
+        self.team = team
+        # With sensors, a Governor decides when this node works; the node is its WorkHooks.
+        self.governor: Governor | None = None
+        if sensors is not None:
+            options = {"energy": EnergyMeter(), **(governor_options or {})}
+            self.governor = Governor(settings, sensors, self, **options)
+        self.start_timeout = start_timeout
+        self.retry_s = retry_s
+        self.declare_ttl = declare_ttl
+        self.declare_period = declare_period
+        self.upkeep_interval = upkeep_interval
+        self.drain_timeout = drain_timeout
+        self.refresh_margin_s = refresh_margin_s
+        self.api = CoordinatorApi(self.coordinator_url, timeout=http_timeout)
+        self.handlers = Handlers()
+        self.gate = WorkGate()
+        self.hosting = Hosting(
+            self.handlers, self.gate, self.data_dir, self.device, checkpoint_interval_s=checkpoint_interval_s
+        )
+        self._peer = Peer(
+            identity,
+            signaling_url_of(self.coordinator_url),
+            handlers=self.handlers,
+            config=link_config or LinkConfig(connect_timeout=15),
+            token_provider=self._token,
+        )
+        self.credentials: Credentials | None = None
+        self.assignment: Assignment | None = None
+        self.assignment_at = 0.0  # wall time of the last assignment
+        self.dht: DHTNode | None = None
+        self.declarer: Declarer | None = None
+        self.errors: deque[dict[str, Any]] = deque(maxlen=20)
+        self.attempts = 0  # coordinator calls that failed during start (retries)
+        self.started = False
+        self.stopping = False
+        self._working = self.governor is None
+        self._joins_seen = 0
+        self._upkeep: asyncio.Task[None] | None = None
+        self.credit: float | None = None  # set when the coordinator reports it
+
+    # -- what callers use -------------------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> str:
+        return self.identity.peer_id
+
+    @property
+    def peer(self) -> Peer:
+        return self._peer
+
+    @property
+    def hosted_uids(self) -> list[str]:
+        return self.hosting.uids
+
+    @property
+    def token_key(self) -> str:
+        return self.coordinator_url
+
+    def status(self) -> dict[str, Any]:
+        from .status import build_status
+
+        return build_status(self)
+
+    def note_error(self, message: str) -> None:
+        logger.warning("%s", message)
+        self.errors.append({"time": time.time(), "message": message[:500]})
+
+    # -- lifecycle --------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        self.credentials = await self._retrying(self._ensure_account, deadline)
+        await self._retrying(self._bind, deadline)
+        await self._retrying(self._join_signaling, deadline)
+        self._joins_seen = self._peer.signaling.joins
+        assignment = await self._retrying(self._ask_assignment, deadline)
+        await self.hosting.apply(assignment.specs)
+        self.dht = DHTNode(PeerTransport(self._peer), signer=self.identity, rpc_timeout=10.0)
+        await self._bootstrap()
+        self.dht.start()
+        self.declarer = Declarer(self.dht, self.hosted_uids, ttl=self.declare_ttl, period=self.declare_period)
+        if self._working:
+            self.gate.reopen()
+            self.declarer.start()
+        self.started = True
+        self._upkeep = asyncio.create_task(self._run_upkeep(), name="volunteer-upkeep")
+        if self.governor is not None:
+            self.governor.start()
+
+    async def stop(self) -> None:
+        """Refuse new work, let in-flight requests finish (bounded), checkpoint, leave."""
+        if self.stopping:
+            return
+        self.stopping = True
+        self.gate.close("shutting down")
+        if self.governor is not None:
+            await self.governor.stop()
+        if self._upkeep is not None:
+            self._upkeep.cancel()
+            await asyncio.gather(self._upkeep, return_exceptions=True)
+        if self.declarer is not None:
+            await self.declarer.stop()
+        await self.gate.drain(self.drain_timeout)
+        await self.hosting.close()
+        if self.dht is not None:
+            await self.dht.stop()
+        await self._peer.stop()
+
+    async def __aenter__(self) -> Volunteer:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # -- WorkHooks --------------------------------------------------------------------------------
+
+    async def on_stop_work(self, decision: Decision) -> None:
+        self.gate.close(decision.human_reason)  # first: no new work from this instant
+        self._working = False
+        if self.declarer is not None:
+            await self.declarer.stop()
+        await self.gate.drain(self.drain_timeout)
+        await self.hosting.release_memory()
+
+    async def on_resume_work(self, decision: Decision) -> None:
+        self._working = True
+        if self.stopping or not self.started:
+            return
+        await self.hosting.restore_memory()
+        self.gate.reopen()
+        if self.declarer is not None:
+            self.declarer.start()
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    async def _retrying(self, step: Any, deadline: float) -> Any:
+        """Run ``step`` until it works; retry while the coordinator is unreachable, until ``deadline``."""
+        while True:
+            try:
+                return await step()
+            except (CoordinatorUnreachable, P2PError, TimeoutError) as e:
+                self.attempts += 1
+                self.note_error(f"{step.__name__.strip('_')}: {e}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise CoordinatorUnreachable(
+                        f"could not reach the coordinator at {self.coordinator_url} "
+                        f"after {self.attempts} attempts: {e}"
+                    ) from e
+                await asyncio.sleep(min(self.retry_s, left))
+
+    async def _ensure_account(self) -> Credentials:
+        stored = self.token_store.get(self.token_key)
+        creds = Credentials.loads(stored) if stored else None
+        if creds is None:
+            name = self.account_name or f"volunteer-{self.peer_id[:8]}"
+            creds = await self.api.register(name, self.team)
+            self.token_store.set(self.token_key, creds.dumps())
+            logger.info("registered account %s (id %d)", name, creds.account_id)
+        elif creds.expires_at - time.time() < self.refresh_margin_s:
+            creds = await self.api.refresh(creds)
+            self.token_store.set(self.token_key, creds.dumps())
+        return creds
+
+    async def _bind(self) -> None:
+        assert self.credentials is not None
+        await self.api.bind_host(self.credentials, self.identity)
+
+    async def _join_signaling(self) -> None:
+        await self._peer.start()
+
+    async def _token(self) -> str | None:
+        """The token provider for signaling: refreshed when it is within the margin of expiring."""
+        creds = self.credentials
+        if creds is None:
+            return None
+        if creds.expires_at - time.time() < self.refresh_margin_s:
+            try:
+                creds = await self.api.refresh(creds)
+            except NodeError as e:
+                self.note_error(f"token refresh failed: {e}")
+                return creds.token
+            self.credentials = creds
+            self.token_store.set(self.token_key, creds.dumps())
+        return creds.token
+
+    async def _ask_assignment(self) -> Assignment:
+        token = await self._token()
+        assert token is not None
+        budget = memory_budget(self.settings, self.device)
+        upload = self.settings.max_upload_kib_s * 1024
+        assignment = await self.api.assignment(token, self.peer_id, self.device.type, budget, upload)
+        self.assignment, self.assignment_at = assignment, time.time()
+        return assignment
+
+    async def _bootstrap(self) -> None:
+        assert self.dht is not None
+        peers = list(self.assignment.bootstrap) if self.assignment else []
+        if not peers:
+            return
+        try:
+            await self.dht.bootstrap(peers)
+        except DHTError as e:
+            self.note_error(f"DHT bootstrap: {e}")
+
+    # -- upkeep -----------------------------------------------------------------------------------
+
+    async def _run_upkeep(self) -> None:
+        while True:
+            await asyncio.sleep(self.upkeep_interval)
+            try:
+                await self._upkeep_once()
+            except (NodeError, DHTError, P2PError, TimeoutError, OSError) as e:
+                self.note_error(f"upkeep: {e}")
+
+    def _assignment_due(self) -> bool:
+        if self.assignment is None:
+            return True
+        return time.time() >= self.assignment_at + self.assignment.ttl_s / 2
+
+    async def _upkeep_once(self) -> None:
+        joins = self._peer.signaling.joins
+        reconnected = joins != self._joins_seen
+        if reconnected or self._assignment_due():
+            self._joins_seen = joins
+            await self._reassign()
+            if self.dht is not None and not len(self.dht.table):
+                await self._bootstrap()
+            if reconnected and self._working and self.declarer is not None:
+                await self.declarer.declare_now()
+        elif self.dht is not None and not len(self.dht.table):
+            await self._bootstrap()
+
+    async def _reassign(self) -> None:
+        try:
+            assignment = await self._ask_assignment()
+        except CoordinatorError as e:
+            self.note_error(f"assignment: {e}")
+            return
+        if await self.hosting.apply(assignment.specs):
+            if not self._working:
+                self.gate.close(self.gate.reason or "paused")
+                await self.hosting.release_memory()
+            if self.declarer is not None:
+                self.declarer.uids = self.hosted_uids
+                if self._working:
+                    await self.declarer.declare_now()
+
+
+def _device_for(settings: Settings) -> torch.device:
+    if not settings.use_gpu:
+        return torch.device("cpu")
+    device = default_device()
+    if device.type == "cuda" and settings.gpu_index < torch.cuda.device_count():
+        return torch.device("cuda", settings.gpu_index)
+    return device
+
+
+async def close_quietly(volunteer: Volunteer) -> None:
+    with contextlib.suppress(Exception):
+        await volunteer.stop()

@@ -1,0 +1,153 @@
+"""The node's pure parts: lock file, token stores, bind message, assignment parsing, work gate, status."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from coordinator.accounts import bind_message as coordinator_bind_message
+from engine.control import ConnectionInfo, file_mode
+from engine.moe import ExpertSpec
+from engine.node import (
+    STATUS_KEYS,
+    UNAVAILABLE,
+    AlreadyRunning,
+    CoordinatorError,
+    Credentials,
+    FileTokenStore,
+    InstanceLock,
+    MemoryTokenStore,
+    Volunteer,
+    WorkGate,
+    bind_message,
+    signaling_url_of,
+)
+from engine.node.coordinator_api import parse_assignment
+from engine.p2p import CallContext, Handlers, Identity, RemoteError
+from engine.resources import Settings
+from engine.wire import Kind, Message
+
+
+def test_bind_message_matches_the_coordinators() -> None:
+    for account in (1, 42, 10**9):
+        assert bind_message(account) == coordinator_bind_message(account)
+
+
+def test_signaling_url() -> None:
+    assert signaling_url_of("http://127.0.0.1:8470") == "ws://127.0.0.1:8470/ws/signal"
+    assert signaling_url_of("https://lah.example/") == "wss://lah.example/ws/signal"
+
+
+def test_lock_refuses_a_second_node_and_takes_over_a_stale_one(tmp_path: Path) -> None:
+    path = tmp_path / "node.lock"
+    with InstanceLock(path):
+        assert path.read_text() == str(os.getpid())
+        assert file_mode(path) == 0o600
+        # another live process holding it: refused with its pid
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            path.write_text(str(child.pid))
+            with pytest.raises(AlreadyRunning, match=f"pid {child.pid}") as e:
+                InstanceLock(path).acquire()
+            assert e.value.pid == child.pid
+        finally:
+            child.kill()
+            child.wait(timeout=10)
+        # its process is gone: the lock is stale and is taken over
+        second = InstanceLock(path)
+        second.acquire()
+        assert second.held and path.read_text() == str(os.getpid())
+        second.release()
+    assert not path.exists()
+
+
+def test_lock_with_garbage_is_stale(tmp_path: Path) -> None:
+    path = tmp_path / "node.lock"
+    path.write_text("not a pid")
+    with InstanceLock(path) as lock:
+        assert lock.held
+
+
+def test_connection_file_is_0600_and_round_trips(tmp_path: Path) -> None:
+    path = tmp_path / "run" / "control.json"
+    info = ConnectionInfo("127.0.0.1", 1234, ConnectionInfo.new_secret(), os.getpid())
+    info.write(path)
+    assert file_mode(path) == 0o600
+    assert ConnectionInfo.read(path) == info
+    assert len(info.secret) == 64 and info.secret != ConnectionInfo.new_secret()
+
+
+def test_token_stores(tmp_path: Path) -> None:
+    creds = Credentials(7, "tok", 123.5)
+    assert Credentials.loads(creds.dumps()) == creds
+    assert Credentials.loads("{}") is None and Credentials.loads("nope") is None
+    file_store = FileTokenStore(tmp_path / "t" / "tokens.json")
+    for store in (MemoryTokenStore(), file_store):
+        assert store.get("http://c") is None
+        store.set("http://c", creds.dumps())
+        assert store.get("http://c") == creds.dumps()
+    assert file_mode(file_store.path) == 0o600
+
+
+def test_assignment_parsing() -> None:
+    expert = {"experiment": "ffn", "uid": "ffn.0.1", "spec": {"arch": "ffn", "dim": 16}, "expires_at": 5}
+    raw = {
+        "experts": [expert],
+        "bootstrap": ["ab" * 20],
+        "ttl_s": 3600,
+    }
+    got = parse_assignment(raw)
+    assert got.specs == {"ffn.0.1": ExpertSpec("ffn", 16)}
+    assert got.bootstrap == ("ab" * 20,)
+    with pytest.raises(CoordinatorError, match="bad_reply"):
+        parse_assignment({"experts": [{"uid": "x"}]})
+    bad_spec = {**expert, "spec": {"arch": "nope", "dim": 1}}
+    with pytest.raises(CoordinatorError):
+        parse_assignment({"experts": [bad_spec], "bootstrap": [], "ttl_s": 1})
+
+
+async def test_work_gate_refuses_at_once_and_drains() -> None:
+    handlers = Handlers()
+    release = asyncio.Event()
+
+    async def forward(msg: Message, ctx: CallContext) -> Message:
+        await release.wait()
+        return Message(Kind.RESPONSE, 0)
+
+    handlers.add_unary("moe.forward", forward)
+    gate = WorkGate()
+    gate.wrap(handlers)
+    gate.wrap(handlers)  # idempotent: one gate layer
+    call = handlers.unary["moe.forward"]
+    ctx = CallContext("p", 1)
+    with pytest.raises(RemoteError) as e:
+        await call(Message(Kind.REQUEST, 1), ctx)
+    assert e.value.code == UNAVAILABLE and "starting" in e.value.message
+    gate.reopen()
+    running = asyncio.create_task(call(Message(Kind.REQUEST, 1), ctx))
+    await asyncio.sleep(0.01)
+    assert gate.in_flight == 1
+    gate.close("You are using the computer")
+    with pytest.raises(RemoteError, match="using the computer"):
+        await call(Message(Kind.REQUEST, 2), ctx)
+    assert not await gate.drain(0.05)
+    release.set()
+    assert await gate.drain(1.0)
+    await running
+    assert (gate.served, gate.refused) == (1, 2)
+
+
+def test_status_model_before_start(tmp_path: Path) -> None:
+    v = Volunteer(
+        Identity.generate(), "http://127.0.0.1:9", MemoryTokenStore(), Settings(use_gpu=False), tmp_path
+    )
+    status = v.status()
+    assert tuple(status) == STATUS_KEYS
+    assert status["state"] == "starting" and status["accepting"] is False
+    assert status["experts"] == [] and status["requests_served"] == 0
+    assert status["device"] == "cpu" and status["credit"] is None

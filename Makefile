@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/lah demo-transport
+	$(BIN)/lah demo
 
 test: $(STAMP)
 	bash scripts/services

@@ -1,4 +1,5 @@
-"""The ``lah`` command: ``lah demo-transport`` and ``lah coordinator``.
+"""The ``lah`` command: ``lah demo-transport``, ``lah coordinator``, ``lah node`` and its controls
+(``lah status``, ``lah pause``, ``lah resume``, ``lah snooze MINUTES``).
 
 Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it).
 """
@@ -31,16 +32,55 @@ def main(argv: Sequence[str] | None = None) -> int:
     coord.add_argument("--host", help="listen address (default 127.0.0.1)")
     coord.add_argument("--port", type=int, help="listen port (default 8470)")
     coord.add_argument("--make-admin", metavar="NAME", help="give this existing account the admin role")
+    node = sub.add_parser("node", help="run the volunteer node (host experts while the computer is idle)")
+    node.add_argument("--coordinator", default="http://127.0.0.1:8470", help="coordinator URL")
+    node.add_argument("--name", help="account name on first run")
+    node.add_argument("--team")
+    node.add_argument("--data-dir", type=Path, help="identity, checkpoints (default: user data dir)")
+    node.add_argument("--settings", type=Path, help="settings TOML (default: user config dir)")
+    node.add_argument("--token-file", type=Path, help="keep the token in this 0600 file, not the keyring")
+    status = sub.add_parser("status", help="show the running node's status")
+    status.add_argument("-f", "--follow", action="store_true", help="keep printing updates")
+    sub.add_parser("pause", help="pause the running node")
+    sub.add_parser("resume", help="resume the running node")
+    snooze = sub.add_parser("snooze", help="pause the running node for MINUTES")
+    snooze.add_argument("minutes", type=float)
+    dmoe = sub.add_parser("demo", help="a whole swarm on loopback trains a DMoE model on handwritten digits")
+    dmoe.add_argument("--volunteers", type=int, default=4, help="volunteer nodes hosting experts")
+    dmoe.add_argument("--steps", type=int, default=150, help="training steps of 64 samples")
+    dmoe.add_argument("--linger", type=float, default=0.0, help="seconds to keep the coordinator up after")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if args.command == "demo-transport":
         eventloop.run(demo_transport(args.mib))
+    elif args.command == "demo":
+        from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
+
+        run_demo(volunteers=args.volunteers, steps=args.steps, linger=args.linger)
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
 
         eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
+    elif args.command == "node":
+        from .control.commands import run_node
+
+        return eventloop.run(
+            run_node(
+                args.coordinator,
+                name=args.name,
+                team=args.team,
+                data=args.data_dir,
+                settings_file=args.settings,
+                token_file=args.token_file,
+            )
+        )
+    elif args.command in ("status", "pause", "resume", "snooze"):
+        from .control.commands import run_client
+
+        minutes = getattr(args, "minutes", 0.0)
+        return eventloop.run(run_client(args.command, minutes=minutes, follow=getattr(args, "follow", False)))
     return 0
 
 

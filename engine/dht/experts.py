@@ -28,7 +28,7 @@ class ExpertInfo:
     hosts: tuple[str, ...]  # peer ids, latest-declared first
 
 
-def _declared(result: GetResult) -> list[tuple[Record, str]]:
+def declared_records(result: GetResult) -> list[tuple[Record, str]]:
     """(record, host) for each declaration whose host is its signer, latest first."""
     out = []
     for record in sorted(result.records.values(), key=lambda r: -r.expiration):
@@ -81,7 +81,7 @@ async def get_experts(node: DHTNode, uids: Sequence[str], *, parallel: int = 16)
             raise ValueError(f"not a grid uid: {uid!r}")
         async with gate:
             result = await node.get(uid)
-        hosts = tuple(host for record, host in _declared(result) if record.subkey == "")
+        hosts = tuple(host for record, host in declared_records(result) if record.subkey == "")
         return ExpertInfo(uid, hosts) if hosts else None
 
     return list(await asyncio.gather(*(one(uid) for uid in uids)))
@@ -92,7 +92,7 @@ async def get_active_successors(node: DHTNode, prefix: str) -> list[str]:
     if not is_valid_prefix(prefix):
         raise ValueError(f"not a grid prefix: {prefix!r}")
     result = await node.get(prefix)
-    return sorted({record.subkey for record, _ in _declared(result)})
+    return sorted({record.subkey for record, _ in declared_records(result)})
 
 
 async def first_k_active(node: DHTNode, prefixes: Sequence[str], k: int) -> dict[str, list[str]]:

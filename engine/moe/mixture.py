@@ -16,8 +16,9 @@ gradient. Fewer than ``k_min`` answers for any sample is :class:`NotEnoughExpert
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -30,7 +31,7 @@ from .client import RemoteExpert, new_activation_id
 from .errors import ExpertCallFailed, NotEnoughExperts
 from .loop_thread import LoopThread
 
-__all__ = ["ExpertFinder", "RemoteMixtureOfExperts", "StaticExpertFinder"]
+__all__ = ["CallObserver", "CallRecord", "ExpertFinder", "RemoteMixtureOfExperts", "StaticExpertFinder"]
 
 
 class ExpertFinder(Protocol):
@@ -39,6 +40,31 @@ class ExpertFinder(Protocol):
     async def find(
         self, prefix: str, dim_scores: Sequence[Sequence[float]], k: int
     ) -> list[tuple[str, str]]: ...
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One expert request of a mixture layer, as its observer sees it (receipts, spot checks, health).
+
+    ``ok`` is False for a failed call (``code``: the host's error code, ``"timeout"``, ``"connection"``)
+    and for one dropped after the grace period (``"late"``). Forward records carry the wire inputs and
+    the reply, so a spot check can re-send exactly what the host computed.
+    """
+
+    uid: str
+    host: str
+    samples: int
+    backward: bool
+    ok: bool
+    code: str
+    served_at: float  # unix time the request was sent
+    elapsed_s: float
+    inputs: torch.Tensor | None = None
+    outputs: torch.Tensor | None = None
+
+
+#: Called on the layer's event loop for every request; must be quick and must not raise.
+CallObserver = Callable[[CallRecord], None]
 
 
 class StaticExpertFinder:
@@ -90,8 +116,12 @@ class RemoteMixtureOfExperts(nn.Module):
         k_min: int = 1,
         grace_s: float = 0.5,
         timeout: float = 30.0,
+        observer: CallObserver | None = None,
     ) -> None:
+        """``observer``: told of every expert request (see :class:`CallRecord`); ``finder`` may also
+        offer ``find_batch(prefix, batch_scores, k)``, used instead of one ``find`` per sample."""
         super().__init__()
+        self.observer = observer
         self.peer, self.finder, self.loop = peer, finder, loop
         self.grid_size, self.uid_prefix = tuple(grid_size), uid_prefix
         self.k_best, self.k_min, self.grace_s, self.timeout = k_best, k_min, grace_s, timeout
@@ -138,6 +168,9 @@ class RemoteMixtureOfExperts(nn.Module):
 
     async def _find_all(self, scores: list[list[list[float]]]) -> list[list[tuple[str, str]]]:
         per_sample = [[dim[row] for dim in scores] for row in range(len(scores[0]))]
+        find_batch = getattr(self.finder, "find_batch", None)
+        if find_batch is not None:
+            return list(await find_batch(self.uid_prefix, per_sample, self.k_best))
         return list(
             await asyncio.gather(*(self.finder.find(self.uid_prefix, s, self.k_best) for s in per_sample))
         )
@@ -148,7 +181,7 @@ class RemoteMixtureOfExperts(nn.Module):
         """Results by plan index: wait for k_min answers per sample, then ``grace_s``, then drop the rest."""
         loop = asyncio.get_running_loop()
         tasks = {
-            loop.create_task(c.expert.call_forward(aid, w)): i
+            loop.create_task(self._observed(c, c.expert.call_forward(aid, w), False, w)): i
             for i, (c, w, aid) in enumerate(zip(plan, wire, aids, strict=True))
         }
         counts = torch.zeros(n_samples, dtype=torch.long)
@@ -176,13 +209,50 @@ class RemoteMixtureOfExperts(nn.Module):
     ) -> dict[int, torch.Tensor]:
         """Input gradients by plan index; a failed or late expert is skipped."""
         coros = [
-            asyncio.wait_for(plan[i].expert.call_backward(aids[i], g, wire[i]), self.timeout)
+            asyncio.wait_for(
+                self._observed(plan[i], plan[i].expert.call_backward(aids[i], g, wire[i]), True), self.timeout
+            )
             for i, g in enumerate(grads)
         ]
         answers = await asyncio.gather(*coros, return_exceptions=True)
         return {
             i: a for i, a in enumerate(answers) if isinstance(a, torch.Tensor) and a.shape == grads[i].shape
         }
+
+    async def _observed(
+        self, call: _Call, coro: Any, backward: bool, inputs: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Await one request and tell the observer how it went (cancellation: ``"late"``)."""
+        if self.observer is None:
+            result: torch.Tensor = await coro
+            return result
+        served_at, t0 = time.time(), time.monotonic()
+        ok, code, out = False, "late", None
+        try:
+            out = await coro
+            ok, code = True, ""
+            return out  # type: ignore[no-any-return]
+        except ExpertCallFailed as e:
+            code = e.code or "error"
+            raise
+        finally:
+            expert = call.expert
+            record = CallRecord(
+                expert.uid,
+                expert.host_peer_id,
+                len(call.rows),
+                backward,
+                ok,
+                code,
+                served_at,
+                time.monotonic() - t0,
+                inputs,
+                out,
+            )
+            try:
+                self.observer(record)
+            except Exception:  # an observer's bug must not break training
+                logging.getLogger(__name__).exception("mixture observer failed")
 
 
 class _MixtureCall(torch.autograd.Function):

@@ -1,0 +1,214 @@
+"""``lah demo``: a whole Learning@home swarm on loopback, training a DMoE model on handwritten digits.
+
+In one process, on one event loop (a :class:`~engine.moe.LoopThread`) pinned to 127.0.0.1: the full
+coordinator (SQLite in a temporary directory, one experiment ``ffn`` on a 4x4 grid, replication 2),
+``volunteers`` volunteer nodes that join it with accounts, bind their keys, host the experts they are
+assigned and declare them in the DHT, and a trainer whose DMoE layer finds them by beam search and
+trains on sklearn's bundled digits. The trainer signs receipts for every answered request; at the end the
+demo prints test accuracy, requests served per host, the credit the coordinator recorded and the
+leaderboard URL, and keeps the coordinator up for ``linger`` seconds.
+
+This is the one engine module that imports the coordinator (lazily, inside :func:`run_demo`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.moe import LoopThread
+from engine.p2p.aiortc_patches import pin_host_addresses
+
+from .p2p import Peer
+from .trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split, remote_model
+
+__all__ = ["DemoResult", "run_demo"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DemoResult:
+    accuracy: float
+    steps: int
+    skipped_steps: int
+    max_step_s: float
+    served: dict[str, int]  # volunteer name -> requests its experts served
+    host_credit: dict[str, float]  # host peer id -> credit on the coordinator's leaderboard
+    receipts: dict[str, Any]
+    requests: dict[str, int]
+    killed: str | None = None
+    served_after_kill: dict[str, int] = field(default_factory=dict)
+    leaderboard_url: str = ""
+    elapsed_s: float = 0.0
+
+
+async def _wait_for_experts(node: TrainerNode, uids: list[str], timeout: float) -> int:
+    """Until the trainer's finder sees a host for every uid (or ``timeout``): how many it sees."""
+    assert node.finder is not None
+    finder = node.finder
+    deadline = time.monotonic() + timeout
+    seen = 0
+    while time.monotonic() < deadline:
+        finder._cache.clear()  # fresh lookups while the swarm is still declaring
+        prefixes = sorted({u.rpartition(".")[0] + "." for u in uids})
+        for p in prefixes:
+            await finder.children(p)
+        seen = sum(1 for u in uids if finder.hosts_of(u))
+        if seen == len(uids):
+            break
+        await asyncio.sleep(0.5)
+    return seen
+
+
+def run_demo(
+    *,
+    volunteers: int = 4,
+    steps: int = 150,
+    linger: float = 0.0,
+    kill_at: int | None = None,
+    progress: bool = True,
+    config: TrainerConfig | None = None,
+    say: Callable[[str], None] = print,
+    data_dir: Path | None = None,
+    wrap_peer: Callable[[Peer], Any] | None = None,
+) -> DemoResult:
+    """Run the demo; ``kill_at``: stop the first volunteer after that many steps (routing around it).
+
+    ``wrap_peer``: what the trainer's DMoE layer calls experts through instead of its Peer (benchmarks
+    inject faults and latency there)."""
+    from coordinator.app import start_full
+    from coordinator.config import CoordinatorConfig, ExperimentConfig
+    from coordinator.services import SERVICES
+    from engine.node.join import join_local
+    from engine.resources import Settings
+
+    cfg = config or TrainerConfig()
+    torch.set_num_threads(1)  # tiny matrices: threads only contend (with the hosts' worker threads too)
+    pin_host_addresses(["127.0.0.1"])
+    t_start = time.monotonic()
+    loop = LoopThread("demo-loop")
+    with tempfile.TemporaryDirectory(prefix="lah-demo-") as tmp_name:
+        tmp = data_dir or Path(tmp_name)
+        experiment = ExperimentConfig(
+            name=cfg.uid_prefix,
+            expert_type="ffn",
+            grid=list(cfg.grid),
+            hyperparams={"d_model": cfg.dim, "hidden": cfg.hidden},
+            replication=2,
+        )
+        coordinator_config = CoordinatorConfig(
+            port=0,
+            database_url=f"sqlite+aiosqlite:///{tmp / 'coordinator.sqlite3'}",
+            token_key_path=str(tmp / "token.key"),
+            experiments=[experiment],
+            verify_workers=0,  # receipt signatures checked in process: no spawned pool for a demo
+        )
+        running = loop.run(start_full(coordinator_config), 60)
+        vols: list[Any] = []
+        node: TrainerNode | None = None
+        try:
+            say(f"coordinator: {running.url} (SQLite in {tmp})")
+            # RAM budget in MiB: enough for twice the grid over all volunteers (replication 2)
+            per_expert = 16 * (2 * cfg.dim * cfg.hidden + cfg.hidden + 3 * cfg.dim)
+            n_experts = 1
+            for n in cfg.grid:
+                n_experts *= n
+            mib = max(1, -(-2 * n_experts * per_expert // max(1, volunteers) // 2**20) + 1)
+            settings = Settings(ram_budget_mib=mib)
+
+            async def start_volunteers() -> list[Any]:
+                out = []
+                for i in range(volunteers):  # one by one: each bootstraps its DHT from those before it
+                    out.append(
+                        await join_local(running.url, f"volunteer-{i}", tmp / f"v{i}", settings, device="cpu")
+                    )
+                return out
+
+            vols = loop.run(start_volunteers(), 60 + 30 * volunteers)
+            names = {v.peer_id: f"volunteer-{i}" for i, v in enumerate(vols)}
+            for i, v in enumerate(vols):
+                hosted = " ".join(v.hosted_uids)
+                say(f"volunteer-{i} ({v.peer_id[:12]}…) hosts {len(v.hosted_uids)} experts: {hosted}")
+            node = TrainerNode(running.url, "trainer", loop=loop, config=cfg)
+            loop.run(node.start(), 60)
+            services = running.runner.app[SERVICES]
+            loop.run(services.accounts.set_role("trainer", "trainer", by=None), 15)  # an admin's act
+            uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
+            seen = loop.run(_wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
+            say(f"trainer ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
+
+            data = load_digits_split(seed=cfg.seed)
+            if wrap_peer is None:
+                model = node.model()
+            else:
+                assert node.peer is not None and node.finder is not None
+                model = remote_model(wrap_peer(node.peer), node.finder, loop, cfg, node.observe)
+            trainer = Trainer(model, data, cfg)
+            killed: list[str] = []
+            before_kill: dict[str, int] = {}
+
+            def on_step(i: int) -> None:
+                if kill_at is not None and i + 1 == kill_at and vols:
+                    victim = vols[0]
+                    before_kill.update(node.stats.served if node else {})
+                    loop.run(victim.stop(), 30)
+                    killed.append(victim.peer_id)
+                    logger.info("stopped %s mid-training", names[victim.peer_id])
+
+            stats = trainer.train(steps, progress=progress, on_step=on_step)
+            accuracy = trainer.evaluate(progress=progress)
+            loop.run(node.receipts.flush(), 30)
+            time.sleep(0.2)
+            board = loop.run(node.http.get("/api/leaderboard?kind=hosts&per_page=100"), 15)
+            credit = {
+                str(e.get("id", "")): float(e.get("credit_total", 0.0)) for e in board.get("entries", [])
+            }
+            served = {names[h]: n for h, n in node.stats.served.items() if h in names}
+            after = {names[h]: n - before_kill.get(h, 0) for h, n in node.stats.served.items() if h in names}
+            result = DemoResult(
+                accuracy=accuracy,
+                steps=stats.steps,
+                skipped_steps=stats.skipped_steps,
+                max_step_s=stats.max_step_s,
+                served=dict(sorted(served.items())),
+                host_credit=credit,
+                receipts=vars(node.receipts.stats),
+                requests=dict(node.stats.requests),
+                killed=names[killed[0]] if killed else None,
+                served_after_kill=dict(sorted(after.items())) if killed else {},
+                leaderboard_url=f"{running.url}/leaderboard",
+                elapsed_s=time.monotonic() - t_start,
+            )
+            say(f"test accuracy: {accuracy:.3f} after {stats.steps} steps ({stats.skipped_steps} skipped)")
+            for name, n in result.served.items():
+                say(f"  {name}: served {n} requests")
+            r = node.receipts.stats
+            say(f"receipts: {r.submitted} submitted, {r.accepted} credited, {r.rejected} rejected")
+            say(f"leaderboard: {result.leaderboard_url}")
+            if linger > 0:
+                say(f"keeping the coordinator up for {linger:.0f} s")
+                time.sleep(linger)
+            return result
+        finally:
+            if node is not None:
+                _quietly(loop, node.stop(), 30)
+            for v in vols:
+                _quietly(loop, v.stop(), 30)
+            _quietly(loop, running.stop(), 15)
+            loop.close()
+
+
+def _quietly(loop: LoopThread, coro: Any, timeout: float) -> None:
+    try:
+        loop.run(coro, timeout)
+    except Exception:
+        logger.exception("demo shutdown step failed")

@@ -1,0 +1,37 @@
+"""The trainer: a model whose DMoE layer calls volunteers' experts, with receipts and spot checks.
+
+::
+
+    model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
+    receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
+    spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
+    coordinator_http.py  the coordinator's HTTP API as the trainer uses it
+    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side)
+"""
+
+from .coordinator_http import CoordinatorError, CoordinatorHttp, TrainerAccount
+from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split
+from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
+from .spot_check import SpotChecker
+from .trainer import Trainer, TrainerConfig, TrainerNode, TrainStats, local_model, remote_model
+
+__all__ = [
+    "CoordinatorError",
+    "CoordinatorHttp",
+    "Digits",
+    "DigitsDMoE",
+    "LocalMixtureOfExperts",
+    "ReceiptBook",
+    "SpotChecker",
+    "TrainStats",
+    "Trainer",
+    "TrainerAccount",
+    "TrainerConfig",
+    "TrainerNode",
+    "Work",
+    "load_digits_split",
+    "local_model",
+    "remote_model",
+    "sign_receipt",
+    "sign_spot_check",
+]

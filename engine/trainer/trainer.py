@@ -1,0 +1,254 @@
+"""The trainer: the digits DMoE model trained through remote experts, with receipts and spot checks.
+
+:class:`TrainerNode` is the trainer's place in the swarm: an account bound to its key, a Peer on the
+coordinator's signaling, a DHT node (bootstrapped from the coordinator's peer list) and the
+:class:`~engine.moe.dht_finder.DHTExpertFinder` on it, and the receipt book and spot checker fed by the
+mixture layer's call observer. :class:`Trainer` runs synchronous PyTorch on the calling thread: the
+optimizer updates the dense parameters (input layer, gates, head); experts update themselves on their
+hosts from the gradients they receive. A step whose mixture cannot get ``k_min`` answers is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from engine.dht import DHTError, DHTNode
+from engine.dht.p2p_transport import PeerTransport
+from engine.moe import ExpertCallFailed, LoopThread, NotEnoughExperts, RemoteExpert, RemoteMixtureOfExperts
+from engine.moe.dht_finder import DHTExpertFinder
+from engine.moe.mixture import CallRecord, ExpertFinder
+from engine.moe.registry import ExpertSpec
+from engine.p2p import Identity, LinkConfig, Peer
+
+from .coordinator_http import CoordinatorHttp, TrainerAccount
+from .model import Digits, DigitsDMoE, LocalMixtureOfExperts
+from .receipts import ReceiptBook, Work, sign_spot_check
+from .spot_check import SpotChecker
+
+__all__ = ["TrainStats", "Trainer", "TrainerConfig", "TrainerNode", "local_model", "remote_model"]
+
+#: Failures that say the host is unreachable or going away: the finder prefers its replicas for a while.
+HOST_FAILURES = frozenset({"connection", "timeout", "unavailable", "unknown_expert"})
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    uid_prefix: str = "ffn"
+    grid: tuple[int, ...] = (4, 4)
+    dim: int = 64
+    hidden: int = 256
+    k_best: int = 4
+    k_min: int = 1
+    grace_s: float = 0.3
+    timeout: float = 5.0  # per expert request
+    batch_size: int = 64
+    lr: float = 3e-3
+    seed: int = 0
+    spot_check_fraction: float = 0.02
+
+    @property
+    def step_timeout_s(self) -> float:
+        """The longest a step may wait: expert lookup, forward and backward, each bounded."""
+        return 3 * self.timeout + 6.0
+
+
+@dataclass
+class TrainStats:
+    steps: int = 0
+    skipped_steps: int = 0
+    max_step_s: float = 0.0
+    elapsed_s: float = 0.0
+    last_loss: float = float("nan")
+    requests: Counter[str] = field(default_factory=Counter)  # "ok" / failure codes
+    served: Counter[str] = field(default_factory=Counter)  # host peer id -> answered requests
+
+
+def remote_model(
+    peer: Peer,
+    finder: ExpertFinder,
+    loop: LoopThread,
+    config: TrainerConfig,
+    observer: Callable[[CallRecord], None] | None = None,
+) -> DigitsDMoE:
+    torch.manual_seed(config.seed)
+    moe = RemoteMixtureOfExperts(
+        peer,
+        finder,
+        loop=loop,
+        in_features=config.dim,
+        grid_size=config.grid,
+        uid_prefix=config.uid_prefix,
+        k_best=config.k_best,
+        k_min=config.k_min,
+        grace_s=config.grace_s,
+        timeout=config.timeout,
+        observer=observer,
+    )
+    return DigitsDMoE(moe, config.dim)
+
+
+def local_model(config: TrainerConfig) -> DigitsDMoE:
+    torch.manual_seed(config.seed)
+    spec = ExpertSpec("ffn", config.dim, config.hidden)
+    return DigitsDMoE(LocalMixtureOfExperts(config.dim, config.grid, spec, config.k_best), config.dim)
+
+
+class Trainer:
+    """Trains ``model`` on ``data`` with Adam on every parameter it holds (remote experts hold none)."""
+
+    def __init__(self, model: nn.Module, data: Digits, config: TrainerConfig) -> None:
+        self.model, self.data, self.config = model, data, config
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.stats = TrainStats()
+        self._gen = torch.Generator().manual_seed(config.seed)
+        self._order = torch.empty(0, dtype=torch.long)
+
+    def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self._order) < self.config.batch_size:
+            self._order = torch.randperm(len(self.data.x_train), generator=self._gen)
+        index, self._order = self._order[: self.config.batch_size], self._order[self.config.batch_size :]
+        return self.data.x_train[index], self.data.y_train[index]
+
+    def step(self) -> float | None:
+        """One optimizer step; ``None`` when the mixture could not get enough answers (skipped)."""
+        self.model.train()
+        x, y = self._batch()
+        t0 = time.monotonic()
+        try:
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            self.optimizer.zero_grad()
+            loss.backward()  # type: ignore[no-untyped-call]
+            self.optimizer.step()
+            result: float | None = float(loss.detach())
+        except (NotEnoughExperts, ExpertCallFailed, TimeoutError):
+            result = None
+        took = time.monotonic() - t0
+        self.stats.max_step_s = max(self.stats.max_step_s, took)
+        self.stats.elapsed_s += took
+        if result is None:
+            self.stats.skipped_steps += 1
+        else:
+            self.stats.steps += 1
+            self.stats.last_loss = result
+        return result
+
+    def train(
+        self, steps: int, *, progress: bool = True, on_step: Callable[[int], None] | None = None
+    ) -> TrainStats:
+        bar = tqdm(range(steps), desc="training", unit="step", disable=not progress, leave=True)
+        for i in bar:
+            loss = self.step()
+            if loss is not None:
+                bar.set_postfix(loss=f"{loss:.3f}", skipped=self.stats.skipped_steps)
+            if on_step is not None:
+                on_step(i)
+        bar.close()
+        return self.stats
+
+    @torch.no_grad()
+    def evaluate(self, batch_size: int = 512, *, progress: bool = False) -> float:
+        """Test accuracy (a batch the mixture cannot answer counts as wrong)."""
+        self.model.eval()
+        correct, total = 0, len(self.data.x_test)
+        starts = range(0, total, batch_size)
+        for s in tqdm(starts, desc="testing", unit="batch", disable=not progress, leave=False):
+            x, y = self.data.x_test[s : s + batch_size], self.data.y_test[s : s + batch_size]
+            try:
+                correct += int((self.model(x).argmax(1) == y).sum())
+            except (NotEnoughExperts, ExpertCallFailed, TimeoutError):
+                continue
+        return correct / total
+
+
+class TrainerNode:
+    """A trainer's Peer, DHT node, expert finder, receipts and spot checks (all on ``loop``)."""
+
+    def __init__(
+        self,
+        coordinator_url: str,
+        name: str,
+        *,
+        loop: LoopThread,
+        identity: Identity | None = None,
+        config: TrainerConfig | None = None,
+        link_config: LinkConfig | None = None,
+        receipt_interval_s: float = 2.0,
+    ) -> None:
+        self.name, self.loop = name, loop
+        self.identity = identity or Identity.generate()
+        self.config = config or TrainerConfig()
+        self.http = CoordinatorHttp(coordinator_url)
+        self.link_config = link_config or LinkConfig(connect_timeout=15)
+        self.account: TrainerAccount | None = None
+        self.peer: Peer | None = None
+        self.dht: DHTNode | None = None
+        self.finder: DHTExpertFinder | None = None
+        self.receipts = ReceiptBook(self.identity, self.http.post_receipts, interval_s=receipt_interval_s)
+        self.spot: SpotChecker | None = None
+        self.stats = TrainStats()
+
+    async def start(self) -> None:
+        """Register and bind (the account still needs the ``trainer`` role for credit), join, find peers."""
+        self.account = await self.http.register(self.name, self.identity)
+        self.peer = Peer(
+            self.identity, self.http.signaling_url, config=self.link_config, token=self.account.token
+        )
+        await self.peer.start()
+        self.dht = DHTNode(PeerTransport(self.peer), signer=self.identity, rpc_timeout=10.0)
+        seeds = await self.http.bootstrap_peers(self.account, self.identity.peer_id)
+        if seeds:
+            try:
+                await self.dht.bootstrap(seeds)
+            except DHTError as e:
+                raise RuntimeError(f"the trainer could not join the DHT: {e}") from e
+        self.finder = DHTExpertFinder(self.dht)
+        self.spot = SpotChecker(
+            self.finder.hosts_of, self._forward_on, self._report, fraction=self.config.spot_check_fraction
+        )
+        self.receipts.start()
+
+    def model(self) -> DigitsDMoE:
+        assert self.peer is not None and self.finder is not None, "start() first"
+        return remote_model(self.peer, self.finder, self.loop, self.config, self.observe)
+
+    def observe(self, record: CallRecord) -> None:
+        """The mixture's observer (on the loop): receipts, host health, spot checks, counters."""
+        self.stats.requests["ok" if record.ok else record.code] += 1
+        if record.ok:
+            self.stats.served[record.host] += 1
+            self.receipts.add(
+                Work(record.host, record.uid, record.samples, record.backward, record.served_at)
+            )
+            if self.finder is not None:
+                self.finder.report_success(record.uid, record.host)
+            if self.spot is not None:
+                self.spot.consider(record)
+        elif record.code in HOST_FAILURES and self.finder is not None:
+            self.finder.report_failure(record.uid, record.host)
+
+    async def _forward_on(self, host: str, uid: str, inputs: torch.Tensor) -> torch.Tensor:
+        assert self.peer is not None
+        expert = RemoteExpert(self.peer, host, uid, loop=self.loop, timeout=self.config.timeout)
+        return await expert.call_forward(f"spot{time.monotonic_ns():x}"[-16:], inputs)
+
+    async def _report(self, host: str, uid: str, start: float, end: float, reason: str) -> None:
+        await self.http.post_spot_check(sign_spot_check(self.identity, host, uid, start, end, reason))
+
+    async def stop(self) -> None:
+        await self.receipts.close()
+        if self.spot is not None:
+            await self.spot.close()
+        if self.finder is not None:
+            await self.finder.close()
+        if self.dht is not None:
+            await self.dht.stop()
+        if self.peer is not None:
+            await self.peer.stop()
+        await self.http.close()

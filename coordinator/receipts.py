@@ -21,9 +21,11 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 from engine.p2p.identity import Identity, peer_id_of
+from engine.wire.statements import (
+    receipt_signed_bytes,
+    spot_check_signed_bytes,
+)
 
-RECEIPT_DOMAIN = b"lah-receipt-v1\x00"
-SPOT_CHECK_DOMAIN = b"lah-spot-check-v1\x00"
 MAX_BATCH = 1000  # receipts per POST
 MAX_BODY_BYTES = 1024 * 1024  # a full batch of receipts is ~450 KiB of JSON
 MAX_REPORT_BYTES = 16 * 1024
@@ -72,32 +74,6 @@ class SpotCheckReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     period_end: Time
     reason: Annotated[str, msgspec.Meta(max_length=256)]
     signature: Signature
-
-
-_packer = msgspec.msgpack.Encoder()
-
-
-def receipt_signed_bytes(
-    receipt_id: str,
-    trainer_peer_id: str,
-    trainer_public_key: bytes,
-    host_peer_id: str,
-    expert_uid: str,
-    samples: int,
-    backward: bool,
-    served_at: float,
-) -> bytes:
-    fields = (
-        receipt_id,
-        trainer_peer_id,
-        trainer_public_key,
-        host_peer_id,
-        expert_uid,
-        samples,
-        backward,
-        float(served_at),
-    )
-    return RECEIPT_DOMAIN + _packer.encode(fields)
 
 
 def _receipt_bytes(r: SignedReceipt) -> bytes:
@@ -183,29 +159,6 @@ def verify_receipt(receipt: SignedReceipt, keys: KeyCache | None = None) -> None
         _receipt_bytes(receipt),
         receipt.signature,
     )
-
-
-def spot_check_signed_bytes(
-    report_id: str,
-    reporter_peer_id: str,
-    reporter_public_key: bytes,
-    host_peer_id: str,
-    expert_uid: str,
-    period_start: float,
-    period_end: float,
-    reason: str,
-) -> bytes:
-    fields = (
-        report_id,
-        reporter_peer_id,
-        reporter_public_key,
-        host_peer_id,
-        expert_uid,
-        float(period_start),
-        float(period_end),
-        reason,
-    )
-    return SPOT_CHECK_DOMAIN + _packer.encode(fields)
 
 
 def sign_spot_check(

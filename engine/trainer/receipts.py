@@ -26,9 +26,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from engine.p2p.identity import Identity
+from engine.wire.statements import (
+    RECEIPT_DOMAIN,
+    SPOT_CHECK_DOMAIN,
+    receipt_signed_bytes,
+    spot_check_signed_bytes,
+)
 
 __all__ = [
     "RECEIPT_DOMAIN",
@@ -44,60 +48,11 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-RECEIPT_DOMAIN = b"lah-receipt-v1\x00"
-SPOT_CHECK_DOMAIN = b"lah-spot-check-v1\x00"
 MAX_BATCH = 1000  # the coordinator's limit per POST
 
-_packer = msgspec.msgpack.Encoder()
 
 #: Sends one batch (JSON-ready dicts) and returns the coordinator's answer; raises on failure.
 Poster = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
-
-
-def receipt_signed_bytes(
-    receipt_id: str,
-    trainer_peer_id: str,
-    trainer_public_key: bytes,
-    host_peer_id: str,
-    expert_uid: str,
-    samples: int,
-    backward: bool,
-    served_at: float,
-) -> bytes:
-    fields = (
-        receipt_id,
-        trainer_peer_id,
-        trainer_public_key,
-        host_peer_id,
-        expert_uid,
-        samples,
-        backward,
-        float(served_at),
-    )
-    return RECEIPT_DOMAIN + _packer.encode(fields)
-
-
-def spot_check_signed_bytes(
-    report_id: str,
-    reporter_peer_id: str,
-    reporter_public_key: bytes,
-    host_peer_id: str,
-    expert_uid: str,
-    period_start: float,
-    period_end: float,
-    reason: str,
-) -> bytes:
-    fields = (
-        report_id,
-        reporter_peer_id,
-        reporter_public_key,
-        host_peer_id,
-        expert_uid,
-        float(period_start),
-        float(period_end),
-        reason,
-    )
-    return SPOT_CHECK_DOMAIN + _packer.encode(fields)
 
 
 def _b64(raw: bytes) -> str:

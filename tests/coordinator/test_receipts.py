@@ -3,13 +3,11 @@ import pytest
 
 from coordinator.receipts import (
     MAX_BATCH,
-    RECEIPT_DOMAIN,
     ReceiptBatch,
     ReceiptError,
     SignedReceipt,
     Verifier,
     batch_decoder,
-    receipt_signed_bytes,
     report_decoder,
     sign_receipt,
     sign_spot_check,
@@ -17,6 +15,7 @@ from coordinator.receipts import (
     verify_spot_check,
 )
 from engine.p2p.identity import Identity, verify
+from engine.wire.statements import RECEIPT_DOMAIN, receipt_signed_bytes
 
 HOST = "ab" * 20
 

@@ -16,7 +16,15 @@ from typing import Any
 
 import platformdirs
 
-from engine.node import FileTokenStore, InstanceLock, KeyringTokenStore, NodeError, TokenStore, Volunteer
+from engine.node import (
+    CoordinatorUnreachable,
+    FileTokenStore,
+    InstanceLock,
+    NodeError,
+    TokenStore,
+    Volunteer,
+)
+from engine.node.tokens import default_token_store
 from engine.p2p import Identity
 from engine.resources import SystemSensors, apply_torch_limits, load_settings
 
@@ -28,6 +36,9 @@ from .server import ControlServer
 
 def data_dir() -> Path:
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
+RETRY_UNREACHABLE_S = 30.0
 
 
 async def run_node(
@@ -51,30 +62,46 @@ async def run_node(
         for warning in warnings:
             print(f"settings: {warning}", file=sys.stderr)
         apply_torch_limits(settings)
-        store: TokenStore = FileTokenStore(token_file) if token_file else KeyringTokenStore()
+        store: TokenStore = FileTokenStore(token_file) if token_file else default_token_store(data)
         sensors = SystemSensors(use_gpu=settings.use_gpu, gpu_index=settings.gpu_index)
-        volunteer = Volunteer(
-            Identity.load_or_create(data / "identity.key"),
-            coordinator_url,
-            store,
-            settings,
-            data,
-            account_name=name,
-            team=team,
-            sensors=sensors,
-        )
-        control = ControlServer(NodeControl(volunteer, settings_file))
+
+        def make_volunteer() -> Volunteer:
+            return Volunteer(
+                Identity.load_or_create(data / "identity.key"),
+                coordinator_url,
+                store,
+                settings,
+                data,
+                account_name=name,
+                team=team,
+                sensors=sensors,
+            )
+
+        volunteer = make_volunteer()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows: Ctrl+C only
                 loop.add_signal_handler(sig, stop.set)
-        try:
-            await volunteer.start()
-        except NodeError as e:
-            print(f"lah node: {e}", file=sys.stderr)
-            await volunteer.stop()
-            return 1
+        while True:  # a volunteer's node waits out a coordinator that is down, however long
+            try:
+                await volunteer.start()
+                break
+            except CoordinatorUnreachable as e:
+                print(
+                    f"lah node: {e}; trying again in {RETRY_UNREACHABLE_S:.0f} s", file=sys.stderr, flush=True
+                )
+                await volunteer.stop()
+                try:
+                    await asyncio.wait_for(stop.wait(), RETRY_UNREACHABLE_S)
+                    return 1
+                except TimeoutError:
+                    volunteer = make_volunteer()
+            except NodeError as e:
+                print(f"lah node: {e}", file=sys.stderr)
+                await volunteer.stop()
+                return 1
+        control = ControlServer(NodeControl(volunteer, settings_file))
         await control.start()
         print(
             f"node {volunteer.peer_id[:12]}… hosting {', '.join(volunteer.hosted_uids) or 'nothing yet'}; "

@@ -8,10 +8,13 @@ mode 0600 and the keyring store never writes anything to disk itself.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
+
+logger = logging.getLogger(__name__)
 
 KEYRING_SERVICE = "learning-at-home"
 
@@ -94,3 +97,17 @@ class KeyringTokenStore:
 
     def set(self, key: str, value: str) -> None:
         self._keyring.set_password(self.service, key, value)
+
+
+def default_token_store(data_dir: Path) -> KeyringTokenStore | FileTokenStore:
+    """The OS keyring where there is one; else a 0600 file in the data dir (headless Linux has no
+    keyring backend, and a volunteer's node must still start there)."""
+    try:
+        import keyring
+        from keyring.backends import fail
+
+        if not isinstance(keyring.get_keyring(), fail.Keyring):
+            return KeyringTokenStore()
+    except Exception as e:  # a broken backend is as good as none
+        logger.warning("no usable OS keyring (%s); keeping the token in a private file", e)
+    return FileTokenStore(data_dir / "token.json")

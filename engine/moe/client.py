@@ -128,9 +128,15 @@ class RemoteExpert(nn.Module):
 
 
 def _one_tensor(tensors: list[torch.Tensor], uid: str) -> torch.Tensor:
+    """A host's reply is untrusted: one floating tensor of finite values, or the call failed."""
     if len(tensors) != 1:
         raise ExpertCallFailed(f"{uid}: host sent {len(tensors)} tensors, expected 1", "bad_reply")
-    return tensors[0]
+    got = tensors[0]
+    if not got.is_floating_point() or not bool(torch.isfinite(got).all()):
+        raise ExpertCallFailed(
+            f"{uid}: host replied non-finite or non-float values ({got.dtype})", "bad_reply"
+        )
+    return got
 
 
 class _RemoteCall(torch.autograd.Function):

@@ -35,6 +35,8 @@ class Swarm:
             self.peers[host] = FakePeer(handlers)
         self.dead: set[str] = set()
         self.slow: set[str] = set()
+        self.garbage: dict[str, str] = {}  # host -> "nan" or "shape": a host returning rubbish
+        self.garbage_replies = 0
 
     async def call(
         self,
@@ -50,7 +52,13 @@ class Swarm:
             raise ConnectionLost("host gone")
         if peer_id in self.slow:
             await asyncio.sleep(timeout)
-        return await self.peers[peer_id].call(peer_id, method, fields, tensors, timeout=timeout)
+        reply = await self.peers[peer_id].call(peer_id, method, fields, tensors, timeout=timeout)
+        kind = self.garbage.get(peer_id)
+        if kind is not None and reply.tensors:
+            self.garbage_replies += 1
+            t = reply.tensors[0]
+            reply.tensors = [torch.full_like(t, float("nan")) if kind == "nan" else t[:, :-1]]
+        return reply
 
 
 @pytest.fixture
@@ -125,3 +133,18 @@ def test_too_few_answers_raise(setup: tuple[LoopThread, Swarm, dict[str, ExpertS
     swarm.dead.update({"host0", "host1", "host2"})
     with pytest.raises(NotEnoughExperts):
         layer(lt, swarm, k_min=2)(torch.randn(3, 8))
+
+
+@pytest.mark.parametrize("kind", ["nan", "shape"])
+def test_hosts_returning_garbage_are_skipped(
+    setup: tuple[LoopThread, Swarm, dict[str, ExpertServer]], kind: str
+) -> None:
+    lt, swarm, servers = setup
+    swarm.garbage["host2"] = kind
+    moe = layer(lt, swarm)
+    x = torch.randn(5, 8, requires_grad=True)
+    y = moe(x)
+    assert swarm.garbage_replies >= 1  # the fault really happened
+    assert torch.allclose(y, reference(moe, servers, x.detach(), [0, 1, 3]), atol=2e-2, rtol=1e-2)
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

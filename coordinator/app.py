@@ -25,6 +25,11 @@ def create_app(
     app = web.Application()
     hub = hub or SignalingHub(ice_servers=tuple(ice_servers), turn=turn)
     app[HUB_KEY] = hub
+
+    async def close_sockets(_: web.Application) -> None:
+        await hub.close_all()
+
+    app.on_shutdown.append(close_sockets)
     app.router.add_get("/ws/signal", hub.handle)
     app.router.add_get("/healthz", _healthz)
     app.router.add_get("/api/peers", _peers)

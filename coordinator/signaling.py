@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
-from aiohttp import WSMsgType, web
+from aiohttp import WSCloseCode, WSMsgType, web
 
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
@@ -212,6 +212,15 @@ class SignalingHub:
                     code="unknown_peer", message=f"peer {signal.to[:12]} went away", ref=signal.id
                 )
                 await ws.send_str(sp.encode(error))
+
+    async def close_all(self) -> None:
+        """Going away: close every socket (1001) so clients reconnect at once, not after a timeout."""
+        sockets = list(self.peers.values())
+        self.peers.clear()
+        await asyncio.gather(
+            *(ws.close(code=WSCloseCode.GOING_AWAY, message=b"coordinator restarting") for ws in sockets),
+            return_exceptions=True,
+        )
 
     def stamp(self, signal: sp.Signal, sender: str) -> sp.Signal:
         """The relayed copy, with the authenticated sender; tests override it to play a hostile hub."""

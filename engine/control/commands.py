@@ -25,8 +25,8 @@ from engine.node import (
     Volunteer,
 )
 from engine.node.tokens import default_token_store
-from engine.p2p import Identity
-from engine.resources import SystemSensors, apply_torch_limits, load_settings
+from engine.p2p import Identity, LinkConfig
+from engine.resources import DataCapCounter, SystemSensors, TokenBucket, apply_torch_limits, load_settings
 
 from .client import ControlClient
 from .node_control import NodeControl
@@ -63,7 +63,17 @@ async def run_node(
             print(f"settings: {warning}", file=sys.stderr)
         apply_torch_limits(settings)
         store: TokenStore = FileTokenStore(token_file) if token_file else default_token_store(data)
-        sensors = SystemSensors(use_gpu=settings.use_gpu, gpu_index=settings.gpu_index)
+        # The volunteer's bandwidth caps and monthly data cap, enforced in the transport: every link
+        # paces its frames through these buckets and counts its bytes into the counter, which the
+        # governor reads to wait once the month's cap is spent.
+        traffic = DataCapCounter(data / "traffic.json", settings.data_cap_reset_day)
+        link_config = LinkConfig(
+            connect_timeout=15,
+            upload=TokenBucket(settings.max_upload_kib_s * 1024) if settings.max_upload_kib_s else None,
+            download=TokenBucket(settings.max_download_kib_s * 1024) if settings.max_download_kib_s else None,
+            on_traffic=lambda sent, received: traffic.add(sent=sent, received=received),
+        )
+        sensors = SystemSensors(use_gpu=settings.use_gpu, gpu_index=settings.gpu_index, data_counter=traffic)
 
         def make_volunteer() -> Volunteer:
             return Volunteer(
@@ -75,6 +85,7 @@ async def run_node(
                 account_name=name,
                 team=team,
                 sensors=sensors,
+                link_config=link_config,
             )
 
         volunteer = make_volunteer()
@@ -114,6 +125,7 @@ async def run_node(
             await control.stop()
             await volunteer.stop()
             sensors.close()
+            traffic.flush()
         return 0
     finally:
         lock.release()

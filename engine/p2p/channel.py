@@ -32,6 +32,13 @@ from .framing import (
 logger = logging.getLogger(__name__)
 
 MessageHandler = Callable[[bytearray], None]
+TrafficCounter = Callable[[int, int], None]  # (bytes sent, bytes received)
+
+
+class RateLimiter(Protocol):
+    """A token bucket: ``acquire(n)`` returns once ``n`` more bytes are allowed (engine.resources has one)."""
+
+    async def acquire(self, n: int) -> None: ...
 
 
 class DataChannelLike(Protocol):
@@ -61,8 +68,18 @@ class FramedChannel:
         max_message_bytes: int = 32 << 20,
         high_water: int = 1 << 20,
         on_failure: Callable[[BaseException], None] | None = None,
+        upload: RateLimiter | None = None,
+        download: RateLimiter | None = None,
+        on_traffic: TrafficCounter | None = None,
     ) -> None:
+        """``upload``/``download``: the volunteer's bandwidth caps. Upload is paced before each frame;
+        download by pacing the credit granted back, so the remote slows down to our cap (beyond the
+        first window, which is granted up front). ``on_traffic`` counts bytes for the data cap."""
         self.channel = channel
+        self.upload = upload
+        self.download = download
+        self.on_traffic = on_traffic
+        self._grants: set[asyncio.Future[None]] = set()
         self.on_message = on_message
         self.on_failure = on_failure
         self.max_frame = max_frame
@@ -109,10 +126,14 @@ class FramedChannel:
                     self._raise_if_failed()
                     self._drained.clear()
                     await self._drained.wait()
+                if self.upload is not None:
+                    await self.upload.acquire(len(frame))
                 self._raise_if_failed()
                 self.credit -= payload
                 self.channel.send(frame)
                 self.bytes_sent += len(frame)
+                if self.on_traffic is not None:
+                    self.on_traffic(len(frame), 0)
                 buffered = self.channel.bufferedAmount
                 if buffered > self.peak_buffered:
                     self.peak_buffered = buffered
@@ -133,6 +154,8 @@ class FramedChannel:
             if not isinstance(frame, bytes):
                 raise ProtocolError("text frame on a binary channel")
             self.bytes_received += len(frame)
+            if self.on_traffic is not None:
+                self.on_traffic(0, len(frame))
             if frame[:1] == bytes([WINDOW]):
                 self.credit += parse_window(frame)
                 self._credit_changed.set()
@@ -147,8 +170,22 @@ class FramedChannel:
     def release(self, size: int) -> None:
         """The application is done holding a received message of ``size`` bytes."""
         increment = self.deframer.release(size)
-        if increment and self.error is None and self.channel.readyState == "open":
+        if not increment:
+            return
+        if self.download is None:
+            self._grant(increment)
+        else:
+            paced = asyncio.ensure_future(self._paced_grant(increment, self.download))
+            self._grants.add(paced)
+            paced.add_done_callback(self._grants.discard)
+
+    def _grant(self, increment: int) -> None:
+        if self.error is None and self.channel.readyState == "open":
             self.channel.send(window_frame(increment))
+
+    async def _paced_grant(self, increment: int, download: RateLimiter) -> None:
+        await download.acquire(increment)
+        self._grant(increment)
 
     # -- failure ---------------------------------------------------------------------------------
 
@@ -159,6 +196,8 @@ class FramedChannel:
         self.error = error
         for event in (self._credit_changed, self._drained, self._budget_changed):
             event.set()
+        for paced in list(self._grants):
+            paced.cancel()
         if self.channel.readyState not in ("closing", "closed"):
             self.channel.close()
         if self.on_failure is not None:

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes
 
 from engine.wire import Limits
 
-from .channel import FramedChannel
+from .channel import FramedChannel, RateLimiter, TrafficCounter
 from .descriptions import SignedDescription, sign_description, verify_description
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .identity import Identity
@@ -46,6 +46,9 @@ class LinkConfig:
     high_water: int = 1 << 20
     max_concurrent: int = 64
     limits: Limits = field(default_factory=lambda: Limits(max_message_bytes=32 << 20))
+    upload: RateLimiter | None = None  # shared by every link: the node's upload cap
+    download: RateLimiter | None = None
+    on_traffic: TrafficCounter | None = None  # (sent, received) bytes, for the monthly data cap
 
     def rtc_configuration(self) -> RTCConfiguration:
         servers = [
@@ -87,6 +90,9 @@ class Link:
                 window=config.window,
                 max_message_bytes=config.max_message_bytes,
                 high_water=config.high_water,
+                upload=config.upload,
+                download=config.download,
+                on_traffic=config.on_traffic,
             )
 
         self.rpc = RpcEndpoint(

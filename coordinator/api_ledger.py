@@ -23,15 +23,15 @@ signature, not a trainer), 404 (unknown host or account).
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import msgspec
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from .config import CoordinatorConfig
+from .http import ApiError, json_errors, read_json
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
 from .ledger import SpotCheckRejected, ingest, report_spot_check
 from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
@@ -79,32 +79,6 @@ def expert_costs_of(config: CoordinatorConfig) -> Mapping[str, float] | None:
     return {e.name: e.expert_cost for e in config.experiments}
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-def _error(status: int, code: str, message: str) -> web.Response:
-    return web.json_response({"error": code, "message": message}, status=status)
-
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def _json_errors(handler: Handler) -> Handler:
-    async def wrapped(request: web.Request) -> web.StreamResponse:
-        try:
-            return await handler(request)
-        except ApiError as e:
-            return _error(e.status, e.code, e.message)
-
-    wrapped.__name__ = handler.__name__
-    return wrapped
-
-
 def _deps(request: web.Request) -> LedgerDeps:
     deps = request.app.get(LEDGER)
     if deps is not None:
@@ -117,22 +91,7 @@ T = TypeVar("T")
 
 
 async def _read_body(request: web.Request, kind: type[T], limit: int) -> T:
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
-    body = bytearray()
-    while True:
-        chunk = await request.content.read(limit + 1 - len(body))
-        if not chunk:
-            break
-        body += chunk
-        if len(body) > limit:
-            raise ApiError(413, "too_large", f"request bodies are limited to {limit} bytes")
-    try:
-        return msgspec.json.decode(bytes(body), type=kind)
-    except msgspec.ValidationError as e:
-        raise ApiError(422, "invalid_request", str(e)) from e
-    except msgspec.DecodeError as e:
-        raise ApiError(400, "malformed_json", f"the body is not JSON: {e}") from e
+    return await read_json(request, kind, limit, invalid_status=422)
 
 
 def _int_param(request: web.Request, name: str, default: int) -> int:
@@ -145,7 +104,7 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
         raise ApiError(400, "bad_query", f"{name} must be an integer") from None
 
 
-@_json_errors
+@json_errors
 async def post_receipts(request: web.Request) -> web.StreamResponse:
     deps = _deps(request)
     batch = await _read_body(request, ReceiptBatch, MAX_BODY_BYTES)
@@ -156,7 +115,7 @@ async def post_receipts(request: web.Request) -> web.StreamResponse:
 _SPOT_STATUS = {"bad_signature": 403, "not_a_trainer": 403, "unknown_host": 404, "bad_period": 422}
 
 
-@_json_errors
+@json_errors
 async def post_spot_check(request: web.Request) -> web.StreamResponse:
     deps = _deps(request)
     report = await _read_body(request, SpotCheckReport, MAX_REPORT_BYTES)
@@ -174,7 +133,7 @@ async def post_spot_check(request: web.Request) -> web.StreamResponse:
     )
 
 
-@_json_errors
+@json_errors
 async def get_leaderboard(request: web.Request) -> web.StreamResponse:
     deps = _deps(request)
     kind = request.query.get("kind", "users")
@@ -199,7 +158,7 @@ async def get_leaderboard(request: web.Request) -> web.StreamResponse:
     return web.json_response(data)
 
 
-@_json_errors
+@json_errors
 async def get_contributor(request: web.Request) -> web.StreamResponse:
     deps = _deps(request)
     try:
@@ -214,7 +173,7 @@ async def get_contributor(request: web.Request) -> web.StreamResponse:
     return web.json_response(info)
 
 
-@_json_errors
+@json_errors
 async def get_swarm(request: web.Request) -> web.StreamResponse:
     return web.json_response(await swarm_stats(_deps(request).sessions))
 

@@ -15,9 +15,10 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from .api_accounts import ApiError, authenticate, json_errors, read_body
+from .api_accounts import authenticate, json_errors, read_body
 from .assignment import Capacity, assign_host
 from .config import ExperimentConfig
+from .http import ApiError
 from .services import SERVICES
 from .signaling import HUB_KEY
 

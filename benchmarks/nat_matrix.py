@@ -36,7 +36,7 @@ def main() -> int:
         print(f"NAT testbed unavailable: {e}", file=sys.stderr)
         return 2
     started = time.monotonic()
-    with standard_testbed() as tb:
+    with standard_testbed(real_packets=True) as tb:  # MTU-sized packets: a fair TCP comparison
         print(f"testbed up in {time.monotonic() - started:.1f} s", flush=True)
         results = run_matrix(tb)
         print(table(results), flush=True)

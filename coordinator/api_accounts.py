@@ -21,10 +21,12 @@ changes nothing. The signature for ``/api/hosts`` is the host key's signature of
 from __future__ import annotations
 
 import math
+import time
 from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
+from sqlalchemy import select
 
 from . import http
 from .accounts import (
@@ -38,7 +40,9 @@ from .accounts import (
     NotAllowlisted,
     NotFound,
 )
+from .db.models import Account
 from .http import ApiError, Handler
+from .ledger import decay
 from .services import SERVICES, Services
 from .tokens import MAX_TOKEN_CHARS, Claims, TokenError, is_jti
 
@@ -224,9 +228,18 @@ async def me(request: web.Request) -> web.StreamResponse:
     claims, _ = await authenticate(request)
     account = await services.accounts.get(claims.sub)
     hosts = await services.accounts.hosts_of(claims.sub)
+    async with services.sessions() as session:
+        row = (
+            await session.execute(
+                select(Account.credit_total, Account.credit_recent, Account.credit_recent_at).where(
+                    Account.id == claims.sub
+                )
+            )
+        ).one()
     return _json(
         {
             "account": account.to_json(),
+            "credit": {"total": row[0], "recent": decay(row[1], row[2], time.time())},
             "hosts": hosts,
             "token": {"jti": claims.jti, "role": claims.role, "expires_at": claims.exp},
         }

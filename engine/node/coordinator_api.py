@@ -76,12 +76,15 @@ class CoordinatorApi:
         self.url = url.rstrip("/")
         self.timeout = timeout
 
-    async def _post(self, path: str, body: dict[str, Any] | None, token: str | None = None) -> Any:
+    async def _post(
+        self, path: str, body: dict[str, Any] | None, token: str | None = None, method: str = "POST"
+    ) -> Any:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        payload = None if method == "GET" else (body if body is not None else {})
         try:
             async with (
                 aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as http,
-                http.post(self.url + path, json=body if body is not None else {}, headers=headers) as r,
+                http.request(method, self.url + path, json=payload, headers=headers) as r,
             ):
                 try:
                     data = await r.json(content_type=None)
@@ -97,6 +100,11 @@ class CoordinatorApi:
             raise CoordinatorUnreachable(f"{self.url} unreachable: {type(e).__name__}: {e}") from e
         except aiohttp.ClientError as e:
             raise CoordinatorUnreachable(f"coordinator {self.url}: {type(e).__name__}: {e}") from e
+
+    async def credit(self, token: str) -> float:
+        """This account's total credit, as the coordinator's ledger has it."""
+        data = await self._post("/api/me", None, token, method="GET")
+        return float(data.get("credit", {}).get("total", 0.0))
 
     async def register(self, name: str, team: str | None = None) -> Credentials:
         body: dict[str, Any] = {"name": name}

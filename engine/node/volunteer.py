@@ -296,6 +296,12 @@ class Volunteer:
         return time.time() >= self.assignment_at + self.assignment.ttl_s / 2
 
     async def _upkeep_once(self) -> None:
+        token = await self._token()
+        if token is not None:
+            try:  # the volunteer's credit, for `lah status` and the tray
+                self.credit = await self.api.credit(token)
+            except NodeError as e:  # unreachable too: the rest of upkeep still runs
+                self.note_error(f"credit: {e}")
         joins = self._peer.signaling.joins
         reconnected = joins != self._joins_seen
         if reconnected or self._assignment_due():

@@ -84,6 +84,10 @@ async def test_two_volunteers_host_declare_and_serve(
                 out = await forward(peer, host, info.uid)
                 assert out.shape == (3, 16)
             assert a.status()["requests_served"] + b.status()["requests_served"] >= 2
+            async with asyncio.timeout(10):  # upkeep reads the account's credit from the coordinator
+                while a.status()["credit"] is None:
+                    await asyncio.sleep(0.2)
+            assert a.status()["credit"] == 0.0  # nobody has signed receipts for it in this test
         finally:
             await dht.stop()
             await peer.stop()

@@ -67,10 +67,12 @@ async def run_node(
         # paces its frames through these buckets and counts its bytes into the counter, which the
         # governor reads to wait once the month's cap is spent.
         traffic = DataCapCounter(data / "traffic.json", settings.data_cap_reset_day)
+        upload = TokenBucket(settings.max_upload_kib_s * 1024)  # rate 0: unlimited, until the user sets one
+        download = TokenBucket(settings.max_download_kib_s * 1024)
         link_config = LinkConfig(
             connect_timeout=15,
-            upload=TokenBucket(settings.max_upload_kib_s * 1024) if settings.max_upload_kib_s else None,
-            download=TokenBucket(settings.max_download_kib_s * 1024) if settings.max_download_kib_s else None,
+            upload=upload,
+            download=download,
             on_traffic=lambda sent, received: traffic.add(sent=sent, received=received),
         )
         sensors = SystemSensors(use_gpu=settings.use_gpu, gpu_index=settings.gpu_index, data_counter=traffic)
@@ -112,7 +114,7 @@ async def run_node(
                 print(f"lah node: {e}", file=sys.stderr)
                 await volunteer.stop()
                 return 1
-        control = ControlServer(NodeControl(volunteer, settings_file))
+        control = ControlServer(NodeControl(volunteer, settings_file, upload, download))
         await control.start()
         print(
             f"node {volunteer.peer_id[:12]}… hosting {', '.join(volunteer.hosted_uids) or 'nothing yet'}; "

@@ -16,16 +16,34 @@ from typing import Any
 import msgspec
 
 from engine.node import Volunteer
-from engine.resources import Decision, Reason, Settings, SettingsError, State, save_settings, validated
+from engine.resources import (
+    Decision,
+    Reason,
+    Settings,
+    SettingsError,
+    State,
+    TokenBucket,
+    save_settings,
+    validated,
+)
 from engine.resources.limits import apply_torch_limits
 
 from .protocol import ControlError
 
 
 class NodeControl:
-    def __init__(self, volunteer: Volunteer, settings_path: Path | None = None) -> None:
+    def __init__(
+        self,
+        volunteer: Volunteer,
+        settings_path: Path | None = None,
+        upload: TokenBucket | None = None,
+        download: TokenBucket | None = None,
+    ) -> None:
+        """``upload``/``download``: the transport's buckets, retuned when the caps change."""
         self.volunteer = volunteer
         self.settings_path = settings_path
+        self.upload = upload
+        self.download = download
         self._snooze: asyncio.TimerHandle | None = None
 
     def status(self) -> dict[str, Any]:
@@ -103,5 +121,9 @@ class NodeControl:
         if self.volunteer.governor is not None:
             self.volunteer.governor.set_settings(settings)
         apply_torch_limits(settings)
+        if self.upload is not None:
+            self.upload.set_rate(settings.max_upload_kib_s * 1024)  # 0: unlimited
+        if self.download is not None:
+            self.download.set_rate(settings.max_download_kib_s * 1024)
         result: dict[str, Any] = msgspec.to_builtins(settings)
         return result

@@ -16,7 +16,7 @@ from coordinator.config import CoordinatorConfig
 from engine.control import ControlClient, ControlError, ControlServer, NodeControl
 from engine.node import UNAVAILABLE, CoordinatorUnreachable, MemoryTokenStore, Volunteer, join_local
 from engine.p2p import Identity, Peer, RemoteError
-from engine.resources import IdleReading, Readings, Settings, load_settings
+from engine.resources import IdleReading, Readings, Settings, TokenBucket, load_settings
 from tests.integration.test_node_swarm import EXP, SETTINGS, full_coordinator, trainer_peer
 
 pytestmark = pytest.mark.integration
@@ -44,7 +44,10 @@ async def test_pause_resume_and_limits_through_the_control_api(
 ) -> None:
     v = await join_local(full_coordinator.url, "Ada", tmp_path / "v", SETTINGS, sensors=AwaySensors())
     assert v.governor is not None
-    control = ControlServer(NodeControl(v, tmp_path / "settings.toml"), tmp_path / "run" / "control.json")
+    upload, download = TokenBucket(0), TokenBucket(0)
+    control = ControlServer(
+        NodeControl(v, tmp_path / "settings.toml", upload, download), tmp_path / "run" / "control.json"
+    )
     await control.start()
     peer, _dht = await trainer_peer(full_coordinator, [v.peer_id])
     try:
@@ -75,6 +78,8 @@ async def test_pause_resume_and_limits_through_the_control_api(
             limits = await client.set_limits(cpu_max_percent=40)
             assert limits["cpu_max_percent"] == 40 and v.settings.cpu_max_percent == 40
             assert load_settings(tmp_path / "settings.toml")[0].cpu_max_percent == 40
+            await client.set_limits(max_upload_kib_s=256, max_download_kib_s=1024)
+            assert upload.rate == 256 * 1024 and download.rate == 1024 * 1024  # live, no restart
             with pytest.raises(ControlError) as bad:
                 await client.set_limits(cpu_max_percent=400)
             assert bad.value.code == "invalid_limits"

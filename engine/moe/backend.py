@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .batching import TaskPool
+from .batching import DutyCycle, TaskPool
 from .cache import ActivationCache
 from .checkpoint import Checkpoint, restore_state, snapshot_state
 from .errors import BadInput, ExpertUnavailable, InputsEvicted
@@ -74,6 +74,7 @@ class ExpertBackend:
         max_wait_s: float = 0.005,
         max_request_samples: int = 4096,
         seed: int | None = None,
+        duty: DutyCycle | None = None,
     ) -> None:
         self.uid = uid
         self.spec = spec
@@ -96,6 +97,7 @@ class ExpertBackend:
             self.executor,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
+            duty=duty,
         )
         self.backward_pool = TaskPool(
             f"{uid}.bwd",
@@ -103,6 +105,7 @@ class ExpertBackend:
             self.executor,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
+            duty=duty,
         )
         self.stats = BackendStats()
         self.closed = False

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
@@ -41,6 +42,30 @@ class _Task:
     queued_at: float
 
 
+class DutyCycle:
+    """Keeps the node's compute under its share of the machine (the volunteer's CPU cap).
+
+    After a batch that kept the worker busy ``busy`` seconds, every pool sharing this object waits
+    ``rest_for(busy)`` before starting its next batch. The rest happens between batches, on the event
+    loop, so it delays later work but never the answers of the batch that just ran.
+    """
+
+    def __init__(self, rest_for: Callable[[float], float]) -> None:
+        self.rest_for = rest_for
+        self.resume_at = 0.0
+        self.rested_s = 0.0
+
+    def ran(self, busy_s: float) -> None:
+        rest = max(0.0, self.rest_for(busy_s))
+        self.resume_at = max(self.resume_at, time.monotonic()) + rest
+        self.rested_s += rest
+
+    async def wait(self) -> None:
+        delay = self.resume_at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+
+
 class TaskPool:
     """Queue of requests for one function; merges them into batches run on ``executor``."""
 
@@ -52,8 +77,10 @@ class TaskPool:
         *,
         max_batch_size: int = 256,
         max_wait_s: float = 0.005,
+        duty: DutyCycle | None = None,
     ) -> None:
         self.name = name
+        self.duty = duty
         self.fn = fn
         self.executor = executor
         self.max_batch_size = max_batch_size
@@ -110,9 +137,13 @@ class TaskPool:
                 continue
             self._busy = True
             try:
-                outputs = await loop.run_in_executor(
+                if self.duty is not None:
+                    await self.duty.wait()
+                outputs, busy_s = await loop.run_in_executor(
                     self.executor, _run_batch, self.fn, [t.args for t in batch]
                 )
+                if self.duty is not None:
+                    self.duty.ran(busy_s)
             except Exception as e:
                 for t in batch:
                     if not t.future.done():
@@ -158,8 +189,11 @@ class TaskPool:
         self._queue.clear()
 
 
-def _run_batch(fn: BatchFn, args: list[tuple[torch.Tensor, ...]]) -> list[tuple[torch.Tensor, ...]]:
-    """On the worker thread: concatenate per position, run, split back per request."""
+def _run_batch(
+    fn: BatchFn, args: list[tuple[torch.Tensor, ...]]
+) -> tuple[list[tuple[torch.Tensor, ...]], float]:
+    """On the worker thread: concatenate per position, run, split back per request; and how long."""
+    started = time.perf_counter()
     sizes = [int(a[0].shape[0]) for a in args]
     if len(args) == 1:
         batched: list[torch.Tensor] = list(args[0])
@@ -167,4 +201,4 @@ def _run_batch(fn: BatchFn, args: list[tuple[torch.Tensor, ...]]) -> list[tuple[
         batched = [torch.cat([a[i] for a in args]) for i in range(len(args[0]))]
     outputs = fn(batched)
     split = [torch.split(out, sizes) for out in outputs]
-    return [tuple(parts[j] for parts in split) for j in range(len(sizes))]
+    return [tuple(parts[j] for parts in split) for j in range(len(sizes))], time.perf_counter() - started

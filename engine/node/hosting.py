@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from engine.moe import ExpertServer, ExpertSpec
+from engine.moe.batching import DutyCycle
 from engine.p2p import Handlers
 from engine.resources import free_gpu_memory
 
@@ -36,8 +37,11 @@ class Hosting:
         *,
         checkpoint_interval_s: float = 300.0,
         cache_bytes: int = 1 << 30,
+        duty: DutyCycle | None = None,
     ) -> None:
+        """``duty``: the CPU cap's rest between batches (CPU hosting; a GPU is capped by its memory)."""
         self.handlers = handlers
+        self.duty = duty
         self.gate = gate
         self.checkpoint_dir = data_dir / "experts"
         self.device = device
@@ -67,6 +71,7 @@ class Hosting:
             cache_bytes=self.cache_bytes,
             checkpoint_dir=self.checkpoint_dir,
             checkpoint_interval_s=self.checkpoint_interval_s,
+            backend_options={"duty": self.duty} if self.duty is not None else None,
         )
         await server.start()
         server.register(self.handlers)

@@ -29,8 +29,10 @@ import torch
 from engine.dht import Declarer, DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import default_device
+from engine.moe.batching import DutyCycle
 from engine.p2p import Handlers, Identity, LinkConfig, P2PError, Peer
 from engine.resources import Decision, EnergyMeter, Governor, SensorSource, Settings
+from engine.resources.limits import cpu_pause_after
 
 from .coordinator_api import Assignment, CoordinatorApi, signaling_url_of
 from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
@@ -90,8 +92,19 @@ class Volunteer:
         self.api = CoordinatorApi(self.coordinator_url, timeout=http_timeout)
         self.handlers = Handlers()
         self.gate = WorkGate()
+        # The volunteer's CPU cap: after each batch, rest long enough that our share stays under it.
+        duty = (
+            DutyCycle(lambda busy: cpu_pause_after(busy, self.settings))
+            if self.device.type == "cpu"
+            else None
+        )
         self.hosting = Hosting(
-            self.handlers, self.gate, self.data_dir, self.device, checkpoint_interval_s=checkpoint_interval_s
+            self.handlers,
+            self.gate,
+            self.data_dir,
+            self.device,
+            checkpoint_interval_s=checkpoint_interval_s,
+            duty=duty,
         )
         self._peer = Peer(
             identity,

@@ -1,6 +1,5 @@
 """The CPU cap between batches: rest after work, shared by every pool of a node, never on the results."""
 
-import asyncio
 import time
 from concurrent.futures import ThreadPoolExecutor
 

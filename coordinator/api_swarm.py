@@ -14,10 +14,12 @@ from typing import Any
 
 import msgspec
 from aiohttp import web
+from sqlalchemy import select, update
 
 from .api_accounts import authenticate, json_errors, read_body
 from .assignment import Capacity, assign_host
 from .config import ExperimentConfig
+from .db.models import Host
 from .http import ApiError
 from .services import SERVICES
 from .signaling import HUB_KEY
@@ -73,5 +75,36 @@ async def assignment(request: web.Request) -> web.StreamResponse:
     return web.json_response({"experts": experts, "bootstrap": bootstrap, "ttl_s": config.assignment_ttl_s})
 
 
+class EnergyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    peer_id: str
+    kwh_delta: float  # since the host's previous report
+
+
+MAX_KWH_PER_REPORT = 10.0  # a busy 1 kW machine reporting every few minutes stays far below this
+
+
+@json_errors
+async def energy(request: web.Request) -> web.StreamResponse:
+    """A host adds the energy its node estimates it spent on contributed work since its last report."""
+    services = request.app[SERVICES]
+    claims, _ = await authenticate(request)
+    body = await read_body(request, EnergyBody)
+    if not 0.0 <= body.kwh_delta <= MAX_KWH_PER_REPORT:
+        raise ApiError(400, "invalid_request", f"kwh_delta must be within [0, {MAX_KWH_PER_REPORT}]")
+    if await services.accounts.host_owner(body.peer_id) != claims.sub:
+        raise ApiError(403, "host_not_bound", "this host is not bound to your account")
+    async with services.sessions() as session, session.begin():
+        await session.execute(
+            update(Host)
+            .where(Host.peer_id == body.peer_id)
+            .values(energy_kwh=Host.energy_kwh + body.kwh_delta)
+        )
+        total = (
+            await session.execute(select(Host.energy_kwh).where(Host.peer_id == body.peer_id))
+        ).scalar_one()
+    return web.json_response({"peer_id": body.peer_id, "energy_kwh": total})
+
+
 def setup_routes(app: web.Application) -> None:
     app.router.add_post("/api/assignment", assignment)
+    app.router.add_post("/api/hosts/energy", energy)

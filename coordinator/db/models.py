@@ -82,6 +82,9 @@ class Host(CreditMixin, Base):
     last_seen: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
     requests_served: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
     flagged: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    # The node's own estimate of energy spent on contributed work (NVML power, or a CPU TDP share),
+    # reported by the host with its account token: shown, never credited.
+    energy_kwh: Mapped[float] = mapped_column(Float, default=0.0, server_default="0", nullable=False)
     account: Mapped[Account] = relationship(back_populates="hosts")
     __table_args__ = (
         Index("ix_hosts_credit_total", "credit_total"),

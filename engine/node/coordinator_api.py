@@ -101,6 +101,11 @@ class CoordinatorApi:
         except aiohttp.ClientError as e:
             raise CoordinatorUnreachable(f"coordinator {self.url}: {type(e).__name__}: {e}") from e
 
+    async def report_energy(self, token: str, peer_id: str, kwh_delta: float) -> float:
+        """Add ``kwh_delta`` to this host's reported energy; returns the coordinator's total."""
+        data = await self._post("/api/hosts/energy", {"peer_id": peer_id, "kwh_delta": kwh_delta}, token)
+        return float(data.get("energy_kwh", 0.0))
+
     async def credit(self, token: str) -> float:
         """This account's total credit, as the coordinator's ledger has it."""
         data = await self._post("/api/me", None, token, method="GET")

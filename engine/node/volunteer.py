@@ -126,6 +126,7 @@ class Volunteer:
         self._joins_seen = 0
         self._upkeep: asyncio.Task[None] | None = None
         self.credit: float | None = None  # set when the coordinator reports it
+        self.energy_reported_kwh = 0.0
 
     # -- what callers use -------------------------------------------------------------------------
 
@@ -313,6 +314,7 @@ class Volunteer:
         if token is not None:
             try:  # the volunteer's credit, for `lah status` and the tray
                 self.credit = await self.api.credit(token)
+                await self._report_energy(token)
             except NodeError as e:  # unreachable too: the rest of upkeep still runs
                 self.note_error(f"credit: {e}")
         joins = self._peer.signaling.joins
@@ -326,6 +328,16 @@ class Volunteer:
                 await self.declarer.declare_now()
         elif self.dht is not None and not len(self.dht.table):
             await self._bootstrap()
+
+    async def _report_energy(self, token: str) -> None:
+        """Energy spent on contributed work goes to the coordinator with the host's contributions."""
+        meter = self.governor.energy if self.governor is not None else None
+        if meter is None:
+            return
+        delta = meter.totals.kwh - self.energy_reported_kwh
+        if delta >= ENERGY_REPORT_MIN_KWH:
+            await self.api.report_energy(token, self.peer_id, delta)
+            self.energy_reported_kwh += delta
 
     async def _reassign(self) -> None:
         try:
@@ -341,6 +353,9 @@ class Volunteer:
                 self.declarer.uids = self.hosted_uids
                 if self._working:
                     await self.declarer.declare_now()
+
+
+ENERGY_REPORT_MIN_KWH = 1e-4  # 0.1 Wh: report only once there is something to say
 
 
 def _device_for(settings: Settings) -> torch.device:

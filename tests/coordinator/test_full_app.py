@@ -9,6 +9,7 @@ import pytest
 from coordinator.accounts import bind_message
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.db.models import Host
 from engine.p2p import Identity, Peer, SignalingError
 from engine.p2p.aiortc_patches import pin_host_addresses
 
@@ -69,6 +70,20 @@ async def test_volunteer_joins_and_is_assigned(tmp_path: Path) -> None:
                 assert me.peer_id in running.hub.online()
             finally:
                 await peer.stop()
+            # The node reports the energy it estimates it spent; it adds up, within sane bounds.
+            for delta, status in ((0.25, 200), (0.5, 200), (-1.0, 400), (1e6, 400)):
+                r = await http.post(
+                    "/api/hosts/energy", json={"peer_id": me.peer_id, "kwh_delta": delta}, headers=auth
+                )
+                assert r.status == status, await r.text()
+            assert (await r.json())["error"] == "invalid_request"
+            r = await http.post(
+                "/api/hosts/energy", json={"peer_id": "ab" * 20, "kwh_delta": 0.1}, headers=auth
+            )
+            assert r.status == 403  # someone else's host
+            async with running.services.sessions() as session:
+                host = await session.get(Host, me.peer_id)
+                assert host is not None and host.energy_kwh == 0.75
             r = await http.get("/api/me", headers=auth)
             me_data = await r.json()
             assert me_data["credit"] == {"total": 0.0, "recent": 0.0} and me_data["hosts"] == [me.peer_id]

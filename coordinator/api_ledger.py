@@ -33,9 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from .config import CoordinatorConfig
 from .http import ApiError, json_errors, read_json
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
-from .ledger import SpotCheckRejected, ingest, report_spot_check
+from .ledger import ingest
 from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
 from .services import SERVICES
+from .spot_checks import SpotCheckRejected, report_spot_check
 
 
 @dataclass

@@ -155,7 +155,7 @@ class Trainer:
     @torch.no_grad()
     def evaluate(self, batch_size: int = 512, *, progress: bool = False) -> float:
         """Test accuracy (a batch the mixture cannot answer counts as wrong)."""
-        self.model.eval()
+        self.model.train(False)  # evaluation mode
         correct, total = 0, len(self.data.x_test)
         starts = range(0, total, batch_size)
         for s in tqdm(starts, desc="testing", unit="batch", disable=not progress, leave=False):

@@ -209,3 +209,32 @@ def test_coordinator_down_after_connect(fresh: Testbed) -> None:
         tb.start_coordinator()
         wait_signaling(tb)
     ok(call(tb, "ful1", "ful2", timeout=20))
+
+
+def test_dmoe_training_goes_on_through_nats_and_faults(fresh: Testbed) -> None:
+    """A trainer behind a symmetric NAT trains through experts behind every kind of router, while its
+    own link loses 5% of packets and one host's link has 100 ms of added round trip with jitter."""
+    tb = fresh
+    hosts = {"ffn.0.0": "por1", "ffn.0.1": "sym2", "ffn.1.0": "pub1", "ffn.1.1": "ful2"}
+    for uid, name in hosts.items():
+        proc = tb.nodes[name].proc
+        assert proc is not None
+        ok(proc.request({"cmd": "host", "uids": [uid], "dim": 32, "hidden": 64}, timeout=30))
+    trainer = tb.nodes["sym1"].proc
+    assert trainer is not None
+    cmd = {
+        "cmd": "train",
+        "hosts": {uid: tb.nodes[name].peer_id for uid, name in hosts.items()},
+        "steps": 60,
+        "dim": 32,
+        "hidden": 64,
+        "timeout": 5.0,
+    }
+    with tb.loss("sym1", 0.05), tb.latency("por1", delay_ms=50, jitter_ms=10):
+        out = ok(trainer.request(cmd, timeout=300))
+    print(
+        "DMoE through NATs with faults:", {k: out[k] for k in ("accuracy", "steps", "skipped", "max_step_s")}
+    )
+    assert out["steps"] + out["skipped"] == 60 and out["skipped"] <= 20
+    assert out["accuracy"] > 0.5  # chance is 0.1
+    assert out["max_step_s"] < 2 * (5.0 + 1.0)  # forward and backward, each bounded by the timeout

@@ -14,6 +14,9 @@ Commands run concurrently (a call may be in flight while another command runs):
   -> a plain TCP stream between the same namespaces, for comparison (``MBps``)
 - ``{"cmd":"links"}`` -> every link: remote, usable, state, types; ``{"cmd":"ice"}`` -> ICE servers in use
 - ``{"cmd":"drop_links"}`` closes every link (the next call dials again)
+- ``{"cmd":"host","uids":[...],"dim":D,"hidden":H}`` hosts ffn experts (an ExpertServer on this Peer)
+- ``{"cmd":"train","hosts":{uid: peer},"steps":N,"dim":D,"hidden":H,"timeout":T}`` trains the digits
+  DMoE through those hosts -> ``accuracy``, ``steps``, ``skipped``, ``max_step_s``, ``requests``
 
 Ends when stdin closes.
 """
@@ -63,6 +66,7 @@ class Node:
         self.peer = peer
         self.tcp_received = 0
         self._servers: list[asyncio.Server] = []
+        self.expert_servers: list[Any] = []
 
     def link_info(self, remote: str) -> dict[str, Any]:
         link = self.peer.links.get(remote)
@@ -191,6 +195,49 @@ class Node:
                     results.append({"url": url, "ok": False, "error": _error(e) or type(e).__name__})
         return {"ok": all(r["ok"] for r in results), "servers": results}
 
+    async def host(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        from engine.moe import ExpertServer, ExpertSpec
+
+        spec = ExpertSpec("ffn", int(cmd["dim"]), int(cmd["hidden"]))
+        server = ExpertServer.create({uid: spec for uid in cmd["uids"]}, device="cpu")
+        await server.start()
+        server.register(self.peer.handlers)
+        self.expert_servers.append(server)
+        return {"ok": True, "hosted": list(cmd["uids"])}
+
+    async def train(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        """Training runs on a worker thread: autograd calls back into this loop for every expert request."""
+        from engine.moe import LoopThread, StaticExpertFinder
+        from engine.trainer import Trainer, TrainerConfig, load_digits_split, remote_model
+
+        hosts: dict[str, str] = cmd["hosts"]
+        grid = tuple(int(n) for n in cmd.get("grid", [2, 2]))
+        config = TrainerConfig(
+            grid=grid,
+            dim=int(cmd["dim"]),
+            hidden=int(cmd["hidden"]),
+            k_best=len(hosts),
+            timeout=float(cmd.get("timeout", 5.0)),
+            spot_check_fraction=0.0,
+        )
+        loop = LoopThread.attach(asyncio.get_running_loop())
+        model = remote_model(self.peer, StaticExpertFinder(hosts), loop, config)
+        trainer = Trainer(model, load_digits_split(), config)
+
+        def run_training() -> dict[str, Any]:
+            torch.set_num_threads(1)
+            stats = trainer.train(int(cmd["steps"]), progress=False)
+            return {
+                "ok": True,
+                "accuracy": trainer.evaluate(),
+                "steps": stats.steps,
+                "skipped": stats.skipped_steps,
+                "max_step_s": stats.max_step_s,
+                "requests": dict(stats.requests),
+            }
+
+        return await asyncio.to_thread(run_training)
+
     async def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd.get("cmd")
         if name == "call":
@@ -208,6 +255,10 @@ class Node:
             return {"ok": True, "ice": servers, "signaling": self.peer.signaling.connected.is_set()}
         if name == "turn_probe":
             return await self.turn_probe()
+        if name == "host":
+            return await self.host(cmd)
+        if name == "train":
+            return await self.train(cmd)
         if name == "drop_links":
             links = list(self.peer.links.values())
             self.peer.links.clear()

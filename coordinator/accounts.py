@@ -3,8 +3,8 @@
 Anyone may register a display name (optionally in a team) and gets a volunteer token; only an admin
 grants ``trainer`` or ``admin`` (the first admin is made by the operator: ``set_role(..., by=None)``).
 In allowlist mode only names on the allowlist may register. An account binds hosts (peer keys) by
-showing a signature of ``BIND_DOMAIN + account id`` made with the host's key, so nobody can bind a key
-they do not hold, and a key holder's proof binds to that one account only.
+showing the host key's signature of ``bind_message(account id)`` (engine/wire/statements.py), so nobody
+can bind a key they do not hold, and a key holder's proof binds to that one account only.
 
 Names are display text: 1..64 characters after NFC normalization, no control, format or separator
 characters, no surrounding whitespace. Anything else (``<b>``, quotes, ``'; DROP TABLE``) is stored
@@ -33,10 +33,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
+from engine.wire.statements import bind_message
 
 from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Team
 
-BIND_DOMAIN = b"lah-bind-host-v1\x00"
 _BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 
 
@@ -93,11 +93,6 @@ def validate_name(value: object, what: str = "name") -> str:
         if unicodedata.category(ch) in _BAD_CATEGORIES:
             raise InvalidName(f"{what} contains a control or invisible character (U+{ord(ch):04X})")
     return name
-
-
-def bind_message(account_id: int) -> bytes:
-    """What a host signs with its identity key to be bound to ``account_id``."""
-    return BIND_DOMAIN + str(account_id).encode("ascii")
 
 
 @dataclass(frozen=True)

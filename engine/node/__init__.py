@@ -22,7 +22,7 @@ Exceptions::
     └── AlreadyRunning          another node of this user holds the instance lock (``pid``)
 """
 
-from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi, bind_message, signaling_url_of
+from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
 from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
 from .gate import UNAVAILABLE, WorkGate
 from .hosting import Hosting
@@ -52,10 +52,8 @@ __all__ = [
     "TokenStore",
     "Volunteer",
     "WorkGate",
-    "bind_message",
     "build_status",
     "join_local",
     "memory_budget",
     "process_rss",
-    "signaling_url_of",
 ]

@@ -2,7 +2,7 @@
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
-the one piece it must agree on byte for byte, the host-binding message, is replicated here.
+the one piece both must agree on byte for byte, the host-binding message, is in engine/wire/statements.py.
 """
 
 from __future__ import annotations
@@ -10,30 +10,15 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 
 from engine.moe import ExpertSpec
 from engine.p2p import Identity
+from engine.wire.statements import bind_message
 
 from .errors import CoordinatorError, CoordinatorUnreachable
 from .tokens import Credentials
-
-# Must equal coordinator.accounts.BIND_DOMAIN + str(account_id) (coordinator/accounts.py, bind_message);
-# tests/unit/node checks the two agree.
-BIND_DOMAIN = b"lah-bind-host-v1\x00"
-
-
-def bind_message(account_id: int) -> bytes:
-    return BIND_DOMAIN + str(account_id).encode("ascii")
-
-
-def signaling_url_of(coordinator_url: str) -> str:
-    """``http://host:port`` -> ``ws://host:port/ws/signal`` (https -> wss)."""
-    parts = urlsplit(coordinator_url)
-    scheme = "wss" if parts.scheme == "https" else "ws"
-    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws/signal", "", ""))
 
 
 @dataclass(frozen=True)

@@ -31,10 +31,11 @@ from engine.dht.p2p_transport import PeerTransport
 from engine.moe import default_device
 from engine.moe.batching import DutyCycle
 from engine.p2p import Handlers, Identity, LinkConfig, P2PError, Peer
+from engine.p2p.signaling import signaling_url_of
 from engine.resources import Decision, EnergyMeter, Governor, SensorSource, Settings
 from engine.resources.limits import cpu_pause_after
 
-from .coordinator_api import Assignment, CoordinatorApi, signaling_url_of
+from .coordinator_api import Assignment, CoordinatorApi
 from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
 from .gate import WorkGate
 from .hosting import Hosting

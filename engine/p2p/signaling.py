@@ -17,6 +17,7 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit, urlunsplit
 
 import aiohttp
 import msgspec
@@ -195,6 +196,13 @@ class SignalingClient:
                 await self._reader
         if self._session is not None:
             await self._session.close()
+
+
+def signaling_url_of(coordinator_url: str) -> str:
+    """``http://host:port`` -> ``ws://host:port/ws/signal`` (https -> wss)."""
+    parts = urlsplit(coordinator_url)
+    scheme = "wss" if parts.scheme == "https" else "ws"
+    return urlunsplit((scheme, parts.netloc, parts.path.rstrip("/") + "/ws/signal", "", ""))
 
 
 def turn_expiry(servers: list[sp.IceServer]) -> float | None:

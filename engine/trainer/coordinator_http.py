@@ -14,22 +14,10 @@ from typing import Any
 import aiohttp
 
 from engine.p2p.identity import Identity
+from engine.p2p.signaling import signaling_url_of
+from engine.wire.statements import bind_message
 
-__all__ = ["CoordinatorError", "CoordinatorHttp", "TrainerAccount", "bind_message", "signaling_url_of"]
-
-BIND_DOMAIN = b"lah-bind-host-v1\x00"
-
-
-def bind_message(account_id: int) -> bytes:
-    """What a host signs with its identity key to be bound to ``account_id`` (as the coordinator)."""
-    return BIND_DOMAIN + str(account_id).encode("ascii")
-
-
-def signaling_url_of(url: str) -> str:
-    base = url.rstrip("/")
-    if base.startswith("https://"):
-        return "wss://" + base[len("https://") :] + "/ws/signal"
-    return "ws://" + base.removeprefix("http://") + "/ws/signal"
+__all__ = ["CoordinatorError", "CoordinatorHttp", "TrainerAccount"]
 
 
 class CoordinatorError(RuntimeError):

@@ -1,4 +1,4 @@
-"""Signed statements about work, in their canonical byte form: receipts and spot-check reports.
+"""Signed statements, in their canonical byte form: host bindings, receipts and spot-check reports.
 
 A trainer signs these with its identity key and the coordinator verifies them, so both must build
 the very same bytes: a domain prefix (so a signature over one kind can never pass as another) and
@@ -9,10 +9,17 @@ from __future__ import annotations
 
 import msgspec
 
+BIND_DOMAIN = b"lah-bind-host-v1\x00"
 RECEIPT_DOMAIN = b"lah-receipt-v1\x00"
 SPOT_CHECK_DOMAIN = b"lah-spot-check-v1\x00"
 
 _packer = msgspec.msgpack.Encoder()
+
+
+def bind_message(account_id: int) -> bytes:
+    """What a host signs with its identity key to be bound to ``account_id``: nobody can bind a key
+    they do not hold, and the proof binds to that one account only."""
+    return BIND_DOMAIN + str(account_id).encode("ascii")
 
 
 def receipt_signed_bytes(

@@ -60,6 +60,16 @@ class CoordinatorApi:
     def __init__(self, url: str, *, timeout: float = 15.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None  # one connection pool for the node's life
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
     async def _post(
         self, path: str, body: dict[str, Any] | None, token: str | None = None, method: str = "POST"
@@ -67,10 +77,7 @@ class CoordinatorApi:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         payload = None if method == "GET" else (body if body is not None else {})
         try:
-            async with (
-                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout)) as http,
-                http.request(method, self.url + path, json=payload, headers=headers) as r,
-            ):
+            async with self._http().request(method, self.url + path, json=payload, headers=headers) as r:
                 try:
                     data = await r.json(content_type=None)
                 except ValueError:

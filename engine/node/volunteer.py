@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections import deque
 from pathlib import Path
@@ -128,6 +129,7 @@ class Volunteer:
         self._upkeep: asyncio.Task[None] | None = None
         self.credit: float | None = None  # set when the coordinator reports it
         self.energy_reported_kwh = 0.0
+        self._accounted_at = -math.inf
 
     # -- what callers use -------------------------------------------------------------------------
 
@@ -196,6 +198,7 @@ class Volunteer:
         if self.dht is not None:
             await self.dht.stop()
         await self._peer.stop()
+        await self.api.close()
 
     async def __aenter__(self) -> Volunteer:
         await self.start()
@@ -311,13 +314,8 @@ class Volunteer:
         return time.time() >= self.assignment_at + self.assignment.ttl_s / 2
 
     async def _upkeep_once(self) -> None:
-        token = await self._token()
-        if token is not None:
-            try:  # the volunteer's credit, for `lah status` and the tray
-                self.credit = await self.api.credit(token)
-                await self._report_energy(token)
-            except NodeError as e:  # unreachable too: the rest of upkeep still runs
-                self.note_error(f"credit: {e}")
+        if time.monotonic() >= self._accounted_at + ACCOUNTING_INTERVAL_S:
+            await self._account()
         joins = self._peer.signaling.joins
         reconnected = joins != self._joins_seen
         if reconnected or self._assignment_due():
@@ -329,6 +327,19 @@ class Volunteer:
                 await self.declarer.declare_now()
         elif self.dht is not None and not len(self.dht.table):
             await self._bootstrap()
+
+    async def _account(self) -> None:
+        """Read the account's credit (for `lah status` and the tray) and report energy spent: once a
+        minute, not every upkeep tick, since every node of the swarm does it."""
+        self._accounted_at = time.monotonic()
+        token = await self._token()
+        if token is None:
+            return
+        try:
+            self.credit = await self.api.credit(token)
+            await self._report_energy(token)
+        except NodeError as e:  # unreachable too: the rest of upkeep still runs
+            self.note_error(f"credit: {e}")
 
     async def _report_energy(self, token: str) -> None:
         """Energy spent on contributed work goes to the coordinator with the host's contributions."""
@@ -356,6 +367,7 @@ class Volunteer:
                     await self.declarer.declare_now()
 
 
+ACCOUNTING_INTERVAL_S = 60.0
 ENERGY_REPORT_MIN_KWH = 1e-4  # 0.1 Wh: report only once there is something to say
 
 

@@ -41,8 +41,11 @@ async def trainer_peer(coordinator: RunningCoordinator, bootstrap: list[str]) ->
     """A trainer-side peer (an account of its own) with a DHT node joined through the volunteers."""
     identity = Identity.generate()
     api = CoordinatorApi(coordinator.url)
-    creds = await api.register("Trainer")
-    await api.bind_host(creds, identity)
+    try:
+        creds = await api.register("Trainer")
+        await api.bind_host(creds, identity)
+    finally:
+        await api.close()
     peer = Peer(identity, coordinator.signaling_url, config=LinkConfig(connect_timeout=10), token=creds.token)
     await peer.start()
     dht = DHTNode(PeerTransport(peer), signer=peer.identity, rpc_timeout=10)

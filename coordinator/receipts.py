@@ -1,11 +1,8 @@
-"""Signed work receipts and spot-check reports: the wire schema, and how trainers sign them.
+"""Receipts and spot-check reports on the coordinator's side: batches, and checking signatures fast.
 
-A trainer signs one receipt per answered request ("host H served expert E for N samples, forward or
-backward, at time T") and sends them to the coordinator in batches (``POST /api/receipts``). The signed
-bytes are a domain prefix and a msgpack array of the fields in a fixed order, so a receipt can never be
-confused with any other signed message (signaling hellos, descriptions, spot-check reports).
-
-Importable without the database: the engine uses ``sign_receipt`` and ``sign_spot_check``.
+The schema and the signing live in ``engine.wire.statements`` (trainers sign, the coordinator
+verifies the same bytes); this module adds the batch limits, signature verification with a key
+cache, and a process pool for big batches (Ed25519 checks hold the GIL).
 """
 
 from __future__ import annotations
@@ -13,67 +10,49 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import multiprocessing
-import os
 from typing import Annotated
 
 import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from engine.p2p.identity import Identity, peer_id_of
+from engine.p2p.identity import peer_id_of
 from engine.wire.statements import (
+    SignedReceipt,
+    SpotCheckReport,
+    new_id,
     receipt_signed_bytes,
+    sign_receipt,
+    sign_spot_check,
     spot_check_signed_bytes,
 )
+
+__all__ = [  # the schema and signing are engine.wire.statements', re-exported for the coordinator's use
+    "MAX_BATCH",
+    "KeyCache",
+    "ReceiptBatch",
+    "ReceiptError",
+    "SignedReceipt",
+    "SpotCheckReport",
+    "Verifier",
+    "new_id",
+    "sign_receipt",
+    "sign_spot_check",
+    "verify_receipt",
+    "verify_spot_check",
+]
 
 MAX_BATCH = 1000  # receipts per POST
 MAX_BODY_BYTES = 1024 * 1024  # a full batch of receipts is ~450 KiB of JSON
 MAX_REPORT_BYTES = 16 * 1024
-
-Hex32 = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{32}$")]
-PeerId = Annotated[str, msgspec.Meta(pattern="^[0-9a-f]{40}$")]
-PublicKey = Annotated[bytes, msgspec.Meta(min_length=32, max_length=32)]
-Signature = Annotated[bytes, msgspec.Meta(min_length=64, max_length=64)]
-ExpertUid = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-# Sanity of the numbers (samples > 0, time not in the future) is checked per receipt by the ledger, so
-# one bad receipt is rejected with a reason instead of failing its whole batch; here only the range
-# that fits the database columns.
-Samples = Annotated[int, msgspec.Meta(ge=-(2**31), le=2**31 - 1)]
-Time = Annotated[float, msgspec.Meta(ge=0, le=1e11)]
 
 
 class ReceiptError(ValueError):
     """A receipt or report whose signature or signer does not check out."""
 
 
-class SignedReceipt(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    receipt_id: Hex32  # random; the idempotency key: re-sending a receipt never credits twice
-    trainer_peer_id: PeerId
-    trainer_public_key: PublicKey
-    host_peer_id: PeerId
-    expert_uid: ExpertUid
-    samples: Samples
-    backward: bool
-    served_at: Time  # unix time
-    signature: Signature
-
-
 class ReceiptBatch(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     receipts: Annotated[list[SignedReceipt], msgspec.Meta(max_length=MAX_BATCH)]
-
-
-class SpotCheckReport(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A trainer re-ran a request of ``host_peer_id`` on another host and the outputs disagreed."""
-
-    report_id: Hex32
-    reporter_peer_id: PeerId
-    reporter_public_key: PublicKey
-    host_peer_id: PeerId
-    expert_uid: ExpertUid
-    period_start: Time
-    period_end: Time
-    reason: Annotated[str, msgspec.Meta(max_length=256)]
-    signature: Signature
 
 
 def _receipt_bytes(r: SignedReceipt) -> bytes:
@@ -86,39 +65,6 @@ def _receipt_bytes(r: SignedReceipt) -> bytes:
         r.samples,
         r.backward,
         r.served_at,
-    )
-
-
-def new_id() -> str:
-    return os.urandom(16).hex()
-
-
-def sign_receipt(
-    identity: Identity,
-    host_peer_id: str,
-    expert_uid: str,
-    samples: int,
-    backward: bool,
-    served_at: float,
-    receipt_id: str | None = None,
-) -> SignedReceipt:
-    """What a trainer sends for one answered request (a fresh random ``receipt_id`` unless given)."""
-    rid = receipt_id or new_id()
-    public_key = identity.public_key
-    peer_id = peer_id_of(public_key)
-    data = receipt_signed_bytes(
-        rid, peer_id, public_key, host_peer_id, expert_uid, samples, backward, float(served_at)
-    )
-    return SignedReceipt(
-        receipt_id=rid,
-        trainer_peer_id=peer_id,
-        trainer_public_key=public_key,
-        host_peer_id=host_peer_id,
-        expert_uid=expert_uid,
-        samples=samples,
-        backward=backward,
-        served_at=float(served_at),
-        signature=identity.sign(data),
     )
 
 
@@ -158,34 +104,6 @@ def verify_receipt(receipt: SignedReceipt, keys: KeyCache | None = None) -> None
         receipt.trainer_peer_id,
         _receipt_bytes(receipt),
         receipt.signature,
-    )
-
-
-def sign_spot_check(
-    identity: Identity,
-    host_peer_id: str,
-    expert_uid: str,
-    period_start: float,
-    period_end: float,
-    reason: str,
-    report_id: str | None = None,
-) -> SpotCheckReport:
-    rid = report_id or new_id()
-    public_key = identity.public_key
-    peer_id = peer_id_of(public_key)
-    data = spot_check_signed_bytes(
-        rid, peer_id, public_key, host_peer_id, expert_uid, period_start, period_end, reason
-    )
-    return SpotCheckReport(
-        report_id=rid,
-        reporter_peer_id=peer_id,
-        reporter_public_key=public_key,
-        host_peer_id=host_peer_id,
-        expert_uid=expert_uid,
-        period_start=float(period_start),
-        period_end=float(period_end),
-        reason=reason,
-        signature=identity.sign(data),
     )
 
 

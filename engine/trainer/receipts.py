@@ -17,16 +17,17 @@ counted) rather than the trainer's memory growing.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
-import os
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from engine.p2p.identity import Identity
+from engine.wire import statements
 from engine.wire.statements import (
     RECEIPT_DOMAIN,
     SPOT_CHECK_DOMAIN,
@@ -55,30 +56,12 @@ MAX_BATCH = 1000  # the coordinator's limit per POST
 Poster = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
 
 
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
-
-
 def sign_receipt(
     identity: Identity, host_peer_id: str, expert_uid: str, samples: int, backward: bool, served_at: float
 ) -> dict[str, Any]:
     """One receipt as the JSON object ``POST /api/receipts`` takes (bytes fields base64)."""
-    rid = os.urandom(16).hex()
-    key = identity.public_key
-    data = receipt_signed_bytes(
-        rid, identity.peer_id, key, host_peer_id, expert_uid, samples, backward, served_at
-    )
-    return {
-        "receipt_id": rid,
-        "trainer_peer_id": identity.peer_id,
-        "trainer_public_key": _b64(key),
-        "host_peer_id": host_peer_id,
-        "expert_uid": expert_uid,
-        "samples": samples,
-        "backward": backward,
-        "served_at": float(served_at),
-        "signature": _b64(identity.sign(data)),
-    }
+    receipt = statements.sign_receipt(identity, host_peer_id, expert_uid, samples, backward, served_at)
+    return msgspec.to_builtins(receipt)  # type: ignore[no-any-return]
 
 
 def sign_spot_check(
@@ -90,23 +73,10 @@ def sign_spot_check(
     reason: str,
 ) -> dict[str, Any]:
     """A spot-check report as the JSON object ``POST /api/spot-checks`` takes."""
-    rid = os.urandom(16).hex()
-    key = identity.public_key
-    reason = reason[:256]
-    data = spot_check_signed_bytes(
-        rid, identity.peer_id, key, host_peer_id, expert_uid, period_start, period_end, reason
+    report = statements.sign_spot_check(
+        identity, host_peer_id, expert_uid, period_start, period_end, reason[: statements.MAX_REASON]
     )
-    return {
-        "report_id": rid,
-        "reporter_peer_id": identity.peer_id,
-        "reporter_public_key": _b64(key),
-        "host_peer_id": host_peer_id,
-        "expert_uid": expert_uid,
-        "period_start": float(period_start),
-        "period_end": float(period_end),
-        "reason": reason,
-        "signature": _b64(identity.sign(data)),
-    }
+    return msgspec.to_builtins(report)  # type: ignore[no-any-return]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,8 @@ from typing import Any
 
 import platformdirs
 
+from engine.files import atomic_write
+
 APP_NAME = "learning-at-home"
 CONNECTION_FILE = "control.json"
 MAX_LINE = 64 * 1024
@@ -73,12 +75,8 @@ class ConnectionInfo:
     def write(self, path: Path) -> None:
         """Atomically, and never readable by others for an instant (the temp file is 0600 from creation)."""
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump({"host": self.host, "port": self.port, "secret": self.secret, "pid": self.pid}, f)
-        os.chmod(tmp, 0o600)  # in case the file pre-existed with wider bits
-        os.replace(tmp, path)
+        info = {"host": self.host, "port": self.port, "secret": self.secret, "pid": self.pid}
+        atomic_write(path, json.dumps(info).encode(), private=True)
 
     @classmethod
     def read(cls, path: Path) -> ConnectionInfo:

@@ -28,6 +28,8 @@ from safetensors import SafetensorError
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from engine.files import atomic_write
+
 from .errors import CheckpointError
 
 __all__ = ["Checkpoint", "CheckpointStore", "restore_state", "snapshot_state"]
@@ -113,7 +115,7 @@ class CheckpointStore:
         path = self.directory / f"ckpt-{number:010d}.safetensors"
         meta = {"format": FORMAT, "meta": json.dumps(ckpt.meta, sort_keys=True)}
         data = st_save(ckpt.tensors, metadata=meta)
-        _atomic_write(path, data)
+        atomic_write(path, data)
         for old in self.files()[: -self.keep]:
             with contextlib.suppress(FileNotFoundError):
                 old.unlink()
@@ -148,29 +150,3 @@ def read_checkpoint(path: Path) -> Checkpoint:
     if not isinstance(meta, dict):
         raise CheckpointError("metadata is not a JSON object")
     return Checkpoint(tensors, meta)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    _fsync_dir(path.parent)
-
-
-def _fsync_dir(directory: Path) -> None:
-    """Make the rename durable; Windows cannot open a directory for fsync (NTFS journals renames)."""
-    if os.name == "nt":
-        return
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
+
+from engine.files import atomic_write
 
 logger = logging.getLogger(__name__)
 
@@ -74,12 +75,7 @@ class FileTokenStore:
     def set(self, key: str, value: str) -> None:
         data = self._read()
         data[key] = value
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, self.path)
+        atomic_write(self.path, json.dumps(data).encode(), private=True)
 
 
 class KeyringTokenStore:

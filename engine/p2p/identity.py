@@ -8,7 +8,6 @@ user data dir in a file only the owner can read (mode 0600, created that way, ne
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +15,8 @@ import platformdirs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from engine.files import atomic_write
 
 from .errors import IdentityError
 
@@ -83,16 +84,7 @@ class Identity:
         pem = identity.private_key.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        # Created 0600 from the start: there is no moment when another user could read it.
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.write(fd, pem)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(path, pem, private=True)  # 0600 from creation: never readable by others
         return identity
 
 

@@ -3,7 +3,6 @@
 Layers, bottom up (each imports only those below it)::
 
     errors      the exception tree (below)
-    _files      atomic small-file writes
     schedule    weekly allowed hours, pure functions
     settings    the Settings model; TOML load (field-by-field repair, backup) and atomic save
     bandwidth   TokenBucket (asyncio, upload/download caps) and DataCapCounter (monthly, persisted)

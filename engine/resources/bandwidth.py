@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
 
-from ._files import atomic_write
+from engine.files import atomic_write
+
 from .errors import BandwidthError, DataCapReached
 
 

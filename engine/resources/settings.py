@@ -23,7 +23,8 @@ import msgspec
 import platformdirs
 import tomli_w
 
-from ._files import atomic_write
+from engine.files import atomic_write
+
 from .errors import SettingsError
 from .schedule import ALL_DAY, DAYS, parse_range
 

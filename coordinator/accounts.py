@@ -234,24 +234,22 @@ class Accounts:
             await self.require_admin(by)
         if not isinstance(role, str) or role not in ROLES:
             raise InvalidRole(f"role must be one of {', '.join(ROLES)}")
+        return await self._update(name, role=role)
+
+    async def _update(self, name: object, **values: object) -> AccountView:
         target = await self.by_name(name)
         async with self.sessions() as s, s.begin():
             account = await s.get(Account, target.id)
             if account is None:
                 raise NotFound("no such account")
-            account.role = role
+            for column, value in values.items():
+                setattr(account, column, value)
         return await self.get(target.id)
 
     async def set_disabled(self, name: object, disabled: bool, *, by: int | None) -> AccountView:
         if by is not None:
             await self.require_admin(by)
-        target = await self.by_name(name)
-        async with self.sessions() as s, s.begin():
-            account = await s.get(Account, target.id)
-            if account is None:
-                raise NotFound("no such account")
-            account.disabled = disabled
-        return await self.get(target.id)
+        return await self._update(name, disabled=disabled)
 
     async def update_allowlist(
         self, add: Iterable[object] = (), remove: Iterable[object] = (), *, by: int | None

@@ -36,7 +36,10 @@ TrafficCounter = Callable[[int, int], None]  # (bytes sent, bytes received)
 
 
 class RateLimiter(Protocol):
-    """A token bucket: ``acquire(n)`` returns once ``n`` more bytes are allowed (engine.resources has one)."""
+    """A token bucket (engine.resources has one): ``try_acquire(n)`` takes ``n`` bytes if allowed now;
+    ``acquire(n)`` returns once they are."""
+
+    def try_acquire(self, n: int) -> bool: ...
 
     async def acquire(self, n: int) -> None: ...
 
@@ -126,7 +129,7 @@ class FramedChannel:
                     self._raise_if_failed()
                     self._drained.clear()
                     await self._drained.wait()
-                if self.upload is not None:
+                if self.upload is not None and not self.upload.try_acquire(len(frame)):
                     await self.upload.acquire(len(frame))
                 self._raise_if_failed()
                 self.credit -= payload
@@ -172,8 +175,8 @@ class FramedChannel:
         increment = self.deframer.release(size)
         if not increment:
             return
-        if self.download is None:
-            self._grant(increment)
+        if self.download is None or self.download.try_acquire(increment):
+            self._grant(increment)  # the common case stays synchronous: no task per message
         else:
             paced = asyncio.ensure_future(self._paced_grant(increment, self.download))
             self._grants.add(paced)

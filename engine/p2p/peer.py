@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -76,7 +77,7 @@ class Peer:
         signaling reconnect), unless the caller pinned its own list."""
         if self._base_config.ice_servers:
             return self._base_config
-        return _with_ice(self._base_config, self.signaling.ice_servers)
+        return replace(self._base_config, ice_servers=tuple(self.signaling.ice_servers))
 
     async def start(self) -> None:
         await self.signaling.connect()
@@ -263,12 +264,6 @@ class Peer:
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _with_ice(config: LinkConfig, servers: Sequence[sp.IceServer]) -> LinkConfig:
-    from dataclasses import replace
-
-    return replace(config, ice_servers=tuple(servers))
 
 
 __all__ = ["Peer"]

@@ -1,6 +1,6 @@
 """The demo's DMoE model trained three ways for the same steps, in one run.
 
-(a) healthy: the whole swarm on loopback (coordinator, volunteers, trainer; ``engine.demo``);
+(a) healthy: the whole swarm on loopback (coordinator, volunteers, trainer; ``lah.demo``);
 (b) faulty: the same, with every expert request delayed by 100 ms and 10% of them failing, injected in
     the trainer process between the DMoE layer and its Peer (the faults are counted and asserted);
 (c) local: every expert in process (``LocalMixtureOfExperts``), no network.
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from engine.demo import run_demo
+from lah.demo import run_demo
 from engine.p2p import Peer, RemoteError
 from engine.trainer import Trainer, TrainerConfig, load_digits_split, local_model
 

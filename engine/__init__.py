@@ -4,5 +4,7 @@ Layers, bottom up:
 
 - :mod:`engine.wire`: bytes on the wire (tensor codec, compression, RPC message schema). Pure.
 - :mod:`engine.p2p`: identity, signaling client, WebRTC connections, framing and RPC over data channels.
-- ``engine.cli``: the ``lah`` command.
+
+The ``lah`` command line and the demo that compose the engine with the coordinator and the app live
+in the ``lah`` package above it.
 """

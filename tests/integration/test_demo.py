@@ -2,7 +2,7 @@
 
 import pytest
 
-from engine.demo import run_demo
+from lah.demo import run_demo
 
 pytestmark = pytest.mark.integration
 

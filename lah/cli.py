@@ -1,5 +1,6 @@
-"""The ``lah`` command: ``lah demo-transport``, ``lah coordinator``, ``lah node`` and its controls
-(``lah status``, ``lah pause``, ``lah resume``, ``lah snooze MINUTES``).
+"""The ``lah`` command: ``lah app`` (the tray app), ``lah node`` and its controls (``lah status``,
+``lah pause``, ``lah resume``, ``lah snooze MINUTES``), ``lah coordinator``, ``lah demo`` and
+``lah demo-transport``.
 
 Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it).
 """
@@ -16,15 +17,18 @@ from pathlib import Path
 
 import torch
 
-from .p2p import CallContext, Handlers, Identity, LinkConfig, Peer, eventloop
-from .p2p.aiortc_patches import pin_host_addresses
-from .wire import Compression, Kind, Message
+from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer, eventloop
+from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.wire import Compression, Kind, Message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="lah", description="Learning@home volunteer client and tools")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
+    app = sub.add_parser("app", help="the tray app: opt in, host experts while the computer is idle")
+    app.add_argument("--coordinator", help="coordinator URL offered on first run (default: the project's)")
+    app.add_argument("--demo", action="store_true", help=argparse.SUPPRESS)  # set by `lah demo --app`
     demo = sub.add_parser("demo-transport", help="two peers on loopback exchange tensors over WebRTC")
     demo.add_argument("--mib", type=int, default=64, help="MiB of float32 tensors to send each way")
     coord = sub.add_parser("coordinator", help="run the coordinator: accounts, signaling, ledger, site")
@@ -53,6 +57,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "app":
+        from app.main import main as app_main  # Qt is imported only by the app
+
+        return app_main(coordinator=args.coordinator, demo=args.demo)
     if args.command == "demo-transport":
         eventloop.run(demo_transport(args.mib))
     elif args.command == "demo":
@@ -64,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
     elif args.command == "node":
-        from .control.commands import run_node
+        from engine.control.commands import run_node
 
         return eventloop.run(
             run_node(
@@ -77,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         )
     elif args.command in ("status", "pause", "resume", "snooze"):
-        from .control.commands import run_client
+        from engine.control.commands import run_client
 
         minutes = getattr(args, "minutes", 0.0)
         return eventloop.run(run_client(args.command, minutes=minutes, follow=getattr(args, "follow", False)))

@@ -8,7 +8,8 @@ trains on sklearn's bundled digits. The trainer signs receipts for every answere
 demo prints test accuracy, requests served per host, the credit the coordinator recorded and the
 leaderboard URL, and keeps the coordinator up for ``linger`` seconds.
 
-It sits above engine and coordinator (``lah``, the package that composes them), so the engine never imports the coordinator.
+It sits above engine and coordinator (in ``lah``, the package that composes them), so the engine never
+imports the coordinator.
 """
 
 from __future__ import annotations
@@ -25,9 +26,8 @@ from typing import Any
 import torch
 
 from engine.moe import LoopThread
-from engine.p2p.aiortc_patches import pin_host_addresses
-
 from engine.p2p import Peer
+from engine.p2p.aiortc_patches import pin_host_addresses
 from engine.trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split, remote_model
 
 __all__ = ["DemoResult", "run_demo"]

@@ -8,7 +8,8 @@ Layers, bottom up (imports ``engine.node`` and ``engine.resources``; never Qt, `
     client        ControlClient: for the tray app and ``lah status|pause|resume|snooze``
 
 Commands: ``status`` (``follow: true`` streams updates), ``pause``, ``resume``, ``snooze {seconds}``,
-``set_limits {limits: {...}}`` (validated by ``engine.resources.validated``, saved, applied).
+``set_limits {limits: {...}}`` (validated by ``engine.resources.validated``, saved, applied),
+``feed_idle {seconds, source}`` (the user's idle time as the tray app sees it; preferred while fresh).
 
 Exceptions::
 

@@ -91,6 +91,9 @@ class ControlClient:
         result: dict[str, Any] = await self.request("set_limits", limits=limits)
         return result
 
+    async def feed_idle(self, seconds: float, source: str) -> None:
+        await self.request("feed_idle", seconds=seconds, source=source)
+
     async def follow_status(self, idle_timeout: float = 30.0) -> AsyncIterator[dict[str, Any]]:
         """Status updates as they change (a heartbeat at least every few seconds); this connection only."""
         if self._reader is None or self._writer is None:

@@ -49,7 +49,19 @@ class NodeControl:
     def status(self) -> dict[str, Any]:
         status = self.volunteer.status()
         status["limits"] = msgspec.to_builtins(self.volunteer.settings)
+        gov = self.volunteer.governor
+        status["idle_source"] = (gov.idle.source or "node") if gov is not None else None
         return status
+
+    def feed_idle(self, seconds: float, source: str) -> None:
+        """The tray app's reading of the user's idle time (it sees input the node may not)."""
+        gov = self.volunteer.governor
+        if gov is None:
+            raise ControlError("no_governor", "this node does not watch for idleness")
+        try:
+            gov.feed_idle(seconds, source)
+        except ValueError as e:
+            raise ControlError("bad_request", str(e)) from e
 
     async def pause(self) -> None:
         gov = self.volunteer.governor

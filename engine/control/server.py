@@ -34,6 +34,8 @@ class Controller(Protocol):
 
     async def set_limits(self, limits: dict[str, Any]) -> dict[str, Any]: ...
 
+    def feed_idle(self, seconds: float, source: str) -> None: ...
+
 
 MAX_SNOOZE_S = 7 * 24 * 3600.0
 
@@ -158,6 +160,13 @@ class ControlServer:
             if not isinstance(limits, dict):
                 raise ControlError("bad_request", "set_limits takes {'limits': {field: value, ...}}")
             return await c.set_limits(limits)
+        if cmd == "feed_idle":
+            seconds, source = request.get("seconds"), request.get("source", "app")
+            number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+            if not number or not isinstance(source, str):
+                raise ControlError("bad_request", "feed_idle takes {'seconds': number, 'source': text}")
+            c.feed_idle(float(seconds), source)  # type: ignore[arg-type]
+            return None
         raise ControlError("unknown_command", f"unknown command {cmd!r}")
 
     async def _follow(self, rid: Any, writer: asyncio.StreamWriter) -> None:

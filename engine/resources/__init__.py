@@ -6,7 +6,7 @@ Layers, bottom up (each imports only those below it)::
     schedule    weekly allowed hours, pure functions
     settings    the Settings model; TOML load (field-by-field repair, backup) and atomic save
     bandwidth   TokenBucket (asyncio, upload/download caps) and DataCapCounter (monthly, persisted)
-    idle        user idle seconds: X11 / Windows / macOS / unknown, behind IdleSource
+    idle        user idle seconds: X11 / Windows / macOS / unknown, behind IdleSource; FedIdle (the app's)
     sensors     other programs' CPU, battery, NvmlGpu; the Readings snapshot
     energy      energy estimate: NVML power integrated, else CPU TDP share
     limits      torch threads, GPU memory fraction, empty_cache, CPU duty cycle
@@ -29,7 +29,7 @@ from .decision import Decision, Now, Reason, State, UserState, decide
 from .energy import EnergyMeter
 from .errors import BandwidthError, DataCapReached, ResourceError, SettingsError
 from .governor import Governor, SensorSource, WorkHooks
-from .idle import IdleReading, IdleSource, UnknownIdle, X11Idle, default_idle_source
+from .idle import FedIdle, IdleReading, IdleSource, UnknownIdle, X11Idle, default_idle_source
 from .limits import apply_torch_limits, cpu_pause_after, free_gpu_memory
 from .sensors import GpuReading, NvmlGpu, Readings
 from .settings import Schedule, Settings, load_settings, save_settings, settings_path, validated
@@ -41,6 +41,7 @@ __all__ = [
     "DataCapReached",
     "Decision",
     "EnergyMeter",
+    "FedIdle",
     "Governor",
     "GpuReading",
     "IdleReading",

@@ -29,7 +29,7 @@ from typing import Protocol
 
 from .decision import Decision, Now, Reason, State, UserState, decide, uses_gpu
 from .energy import EnergyMeter
-from .idle import IdleReading
+from .idle import FedIdle, IdleReading
 from .sensors import Readings
 from .settings import Settings
 
@@ -84,6 +84,7 @@ class Governor:
         self.hook_timeout = hook_timeout
         self.jump_tolerance_s = jump_tolerance_s
         self.energy = energy
+        self.idle = FedIdle(sensors.idle)  # the tray app's reading wins while fresh (see idle.py)
         self.user_state = UserState()
         self.clock_jumps = 0
         self.ticks = 0
@@ -136,6 +137,14 @@ class Governor:
     def snooze(self, seconds: float) -> None:
         self.user_state = UserState(snooze_until_mono=self._mono() + seconds)
         self._wake.set()
+
+    def feed_idle(self, seconds: float, source: str) -> None:
+        """The user's idle time as the tray app sees it (ValueError if implausible). Input seen by the app
+        wakes the loop at once, so work stops as soon as the reading arrives."""
+        was = self.idle.read().seconds
+        self.idle.feed(seconds, source)
+        if was is None or seconds + 0.5 < was:
+            self._wake.set()
 
     def set_settings(self, settings: Settings) -> None:
         self.settings = settings
@@ -212,7 +221,7 @@ class Governor:
         self.ticks += 1
         mono, wall = self._mono(), self._wall()
         jumped = self._jumped(wall, mono)
-        idle = self._sensors.idle()
+        idle = self.idle.read()
         await self._refresh_full(mono, jumped)
         readings = replace(self._full, idle_s=idle.seconds, idle_reason=idle.reason)
         decision = decide(self.settings, readings, Now(wall, mono), self.user_state, self._decision)

@@ -8,6 +8,10 @@ gives nothing (a Wayland session without an idle portal, no display at all). Imp
 - macOS: ``CGEventSourceSecondsSinceLastEventType`` (CoreGraphics), any input event, HID system state.
 
 The Windows and macOS readers are written against the documented C signatures and cannot be run here.
+
+Where the node cannot see the user's input itself (on Windows only the user's own session may call
+``GetLastInputInfo``; on Wayland only the desktop answers), the tray app reads it and feeds it through
+the control API: :class:`FedIdle` prefers that reading while it is fresh and falls back to the node's own.
 """
 
 from __future__ import annotations
@@ -15,8 +19,11 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import math
 import os
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -44,6 +51,56 @@ class UnknownIdle:
 
     def close(self) -> None:
         pass
+
+
+MAX_FED_IDLE_S = 10 * 365 * 86_400.0
+
+
+class FedIdle:
+    """Idle seconds fed by the user's tray app, preferred over ``fallback`` while younger than ``fresh_s``.
+
+    Between feeds the reading grows with the monotonic clock (nobody touched anything that the app saw);
+    once the app stops feeding (it quit, or hangs) the node's own reading takes over again, so a dead app
+    can never keep the node believing that the user is away for longer than ``fresh_s``.
+    """
+
+    def __init__(
+        self,
+        fallback: Callable[[], IdleReading],
+        *,
+        fresh_s: float = 10.0,
+        mono: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._fallback = fallback
+        self.fresh_s = fresh_s
+        self._mono = mono
+        self._fed: tuple[float, float, str] | None = None  # seconds, monotonic time, source
+        self.feeds = 0
+
+    def feed(self, seconds: float, source: str) -> None:
+        """Raises ValueError for anything that is not a plausible number of seconds."""
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not math.isfinite(seconds):
+            raise ValueError("idle seconds must be a finite number")
+        if not 0 <= seconds <= MAX_FED_IDLE_S:
+            raise ValueError(f"idle seconds must be between 0 and {MAX_FED_IDLE_S:.0f}")
+        self._fed = (float(seconds), self._mono(), source[:64])
+        self.feeds += 1
+
+    @property
+    def source(self) -> str | None:
+        """Who the current reading comes from: the feeder's name while fresh, else ``None`` (the node)."""
+        fed = self._fed
+        if fed is None or self._mono() - fed[1] > self.fresh_s:
+            return None
+        return fed[2]
+
+    def read(self) -> IdleReading:
+        fed = self._fed
+        if fed is not None:
+            age = self._mono() - fed[1]
+            if 0 <= age <= self.fresh_s:
+                return IdleReading(fed[0] + age)
+        return self._fallback()
 
 
 class X11Idle:

@@ -88,6 +88,24 @@ async def test_pause_resume_and_limits_through_the_control_api(
             assert status["requests_served"] >= 2 and status["requests_refused"] >= 1
             assert status["experts"] == v.hosted_uids
 
+            # The tray app sees the user come back where the node cannot: its reading stops work at once.
+            assert status["idle_source"] == "node"
+            t0 = time.monotonic()
+            await client.feed_idle(0.5, "app:test")
+            async with asyncio.timeout(2):
+                while v.gate.open:
+                    await asyncio.sleep(0.01)
+            assert time.monotonic() - t0 < 1.0
+            status = await client.status()
+            assert status["reason_code"] == "user_active" and status["idle_source"] == "app:test"
+            with pytest.raises(ControlError) as bad:
+                await client.feed_idle(-3, "app:test")
+            assert bad.value.code == "bad_request"
+            await client.feed_idle(10_000, "app:test")  # away again
+            async with asyncio.timeout(3):
+                while not v.gate.open:
+                    await asyncio.sleep(0.02)
+
         async with ControlClient(control.path) as watcher:
             updates = watcher.follow_status()
             first = await anext(updates)

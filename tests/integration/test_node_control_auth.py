@@ -34,6 +34,9 @@ class FakeNode:
     async def set_limits(self, limits: dict[str, Any]) -> dict[str, Any]:
         return limits
 
+    def feed_idle(self, seconds: float, source: str) -> None:
+        self.calls.append(f"idle {seconds} {source}")
+
 
 async def test_wrong_secret_is_refused_and_the_file_is_private(tmp_path: Path) -> None:
     node = FakeNode()

@@ -26,7 +26,7 @@ from typing import Annotated, Any, TypeVar
 
 import msgspec
 from aiohttp import web
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from . import http
 from .accounts import (
@@ -236,10 +236,20 @@ async def me(request: web.Request) -> web.StreamResponse:
                 )
             )
         ).one()
+        # The rank the tray shows: one indexed count (ix_accounts_credit_total) of those ahead.
+        ahead = await session.scalar(
+            select(func.count())
+            .select_from(Account)
+            .where(Account.credit_total > row[0], Account.disabled.is_(False))
+        )
     return _json(
         {
             "account": account.to_json(),
-            "credit": {"total": row[0], "recent": decay(row[1], row[2], time.time())},
+            "credit": {
+                "total": row[0],
+                "recent": decay(row[1], row[2], time.time()),
+                "rank": 1 + (ahead or 0),
+            },
             "hosts": hosts,
             "token": {"jti": claims.jti, "role": claims.role, "expires_at": claims.exp},
         }

@@ -9,7 +9,9 @@ Layers, bottom up (imports ``engine.node`` and ``engine.resources``; never Qt, `
 
 Commands: ``status`` (``follow: true`` streams updates), ``pause``, ``resume``, ``snooze {seconds}``,
 ``set_limits {limits: {...}}`` (validated by ``engine.resources.validated``, saved, applied),
-``feed_idle {seconds, source}`` (the user's idle time as the tray app sees it; preferred while fresh).
+``feed_idle {seconds, source}`` (the user's idle time as the tray app sees it; preferred while fresh),
+``shutdown`` (a clean stop, as SIGTERM; what the tray app's Quit uses on every OS). ``status`` adds the
+``limits``, ``idle_source`` and ``traffic`` (today, this month, the cap) to the node's own keys.
 
 Exceptions::
 

@@ -91,6 +91,10 @@ class ControlClient:
         result: dict[str, Any] = await self.request("set_limits", limits=limits)
         return result
 
+    async def shutdown(self) -> None:
+        """Ask the node to stop cleanly (checkpoints written); it exits soon after replying."""
+        await self.request("shutdown")
+
     async def feed_idle(self, seconds: float, source: str) -> None:
         await self.request("feed_idle", seconds=seconds, source=source)
 

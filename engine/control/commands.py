@@ -96,39 +96,49 @@ async def run_node(
         for sig in (signal.SIGINT, signal.SIGTERM):
             with contextlib.suppress(NotImplementedError, RuntimeError):  # Windows: Ctrl+C only
                 loop.add_signal_handler(sig, stop.set)
-        while True:  # a volunteer's node waits out a coordinator that is down, however long
-            try:
-                await volunteer.start()
-                break
-            except CoordinatorUnreachable as e:
-                print(
-                    f"lah node: {e}; trying again in {RETRY_UNREACHABLE_S:.0f} s", file=sys.stderr, flush=True
-                )
-                await volunteer.stop()
-                try:
-                    await asyncio.wait_for(stop.wait(), RETRY_UNREACHABLE_S)
-                    return 1
-                except TimeoutError:
-                    volunteer = make_volunteer()
-            except NodeError as e:
-                print(f"lah node: {e}", file=sys.stderr)
-                await volunteer.stop()
-                return 1
-        control = ControlServer(NodeControl(volunteer, settings_file, upload, download))
-        await control.start()
-        print(
-            f"node {volunteer.peer_id[:12]}… hosting {', '.join(volunteer.hosted_uids) or 'nothing yet'}; "
-            f"control at {control.path}; Ctrl+C stops",
-            flush=True,
+        # The control socket is up from the start, so the tray app can show "starting" and the
+        # coordinator's errors while the node waits for it, and can stop the node at any moment.
+        node_control = NodeControl(
+            volunteer, settings_file, upload, download, traffic=traffic, on_shutdown=stop.set
         )
+        control = ControlServer(node_control)
+        await control.start()
         try:
+            while True:  # a volunteer's node waits out a coordinator that is down, however long
+                try:
+                    await volunteer.start()
+                    break
+                except CoordinatorUnreachable as e:
+                    print(
+                        f"lah node: {e}; trying again in {RETRY_UNREACHABLE_S:.0f} s",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    await volunteer.stop()
+                    try:
+                        await asyncio.wait_for(stop.wait(), RETRY_UNREACHABLE_S)
+                        return 0  # asked to stop while waiting: a clean stop
+                    except TimeoutError:
+                        errors = volunteer.errors
+                        volunteer = make_volunteer()
+                        volunteer.errors.extend(errors)  # the tray keeps showing why it waits
+                        node_control.volunteer = volunteer
+                except NodeError as e:
+                    print(f"lah node: {e}", file=sys.stderr)
+                    await volunteer.stop()
+                    return 1
+            hosted = ", ".join(volunteer.hosted_uids) or "nothing yet"
+            print(
+                f"node {volunteer.peer_id[:12]}… hosting {hosted}; control at {control.path}; Ctrl+C stops",
+                flush=True,
+            )
             await stop.wait()
+            return 0
         finally:
             await control.stop()
             await volunteer.stop()
             sensors.close()
             traffic.flush()
-        return 0
     finally:
         lock.release()
 

@@ -17,6 +17,7 @@ import msgspec
 
 from engine.node import Volunteer
 from engine.resources import (
+    DataCapCounter,
     Decision,
     Reason,
     Settings,
@@ -27,6 +28,7 @@ from engine.resources import (
     validated,
 )
 from engine.resources.limits import apply_torch_limits
+from engine.resources.settings import monthly_data_cap_bytes
 
 from .protocol import ControlError
 
@@ -38,12 +40,18 @@ class NodeControl:
         settings_path: Path | None = None,
         upload: TokenBucket | None = None,
         download: TokenBucket | None = None,
+        traffic: DataCapCounter | None = None,
+        on_shutdown: Callable[[], None] | None = None,
     ) -> None:
-        """``upload``/``download``: the transport's buckets, retuned when the caps change."""
+        """``upload``/``download``: the transport's buckets, retuned when the caps change; ``traffic``:
+        the data-cap counter (today's and this month's bytes in status); ``on_shutdown``: what the
+        ``shutdown`` command calls (the tray app's clean quit, the same on every OS)."""
         self.volunteer = volunteer
         self.settings_path = settings_path
         self.upload = upload
         self.download = download
+        self.traffic = traffic
+        self.on_shutdown = on_shutdown
         self._snooze: asyncio.TimerHandle | None = None
 
     def status(self) -> dict[str, Any]:
@@ -51,7 +59,18 @@ class NodeControl:
         status["limits"] = msgspec.to_builtins(self.volunteer.settings)
         gov = self.volunteer.governor
         status["idle_source"] = (gov.idle.source or "node") if gov is not None else None
+        if self.traffic is not None:
+            status["traffic"] = {
+                **self.traffic.totals(),
+                "cap_bytes": monthly_data_cap_bytes(self.volunteer.settings),
+                "period_end": self.traffic.period_end().isoformat(timespec="minutes"),
+            }
         return status
+
+    def shutdown(self) -> None:
+        if self.on_shutdown is None:
+            raise ControlError("unsupported", "this node cannot be stopped through the control API")
+        self.on_shutdown()
 
     def feed_idle(self, seconds: float, source: str) -> None:
         """The tray app's reading of the user's idle time (it sees input the node may not)."""

@@ -36,6 +36,8 @@ class Controller(Protocol):
 
     def feed_idle(self, seconds: float, source: str) -> None: ...
 
+    def shutdown(self) -> None: ...
+
 
 MAX_SNOOZE_S = 7 * 24 * 3600.0
 
@@ -160,6 +162,9 @@ class ControlServer:
             if not isinstance(limits, dict):
                 raise ControlError("bad_request", "set_limits takes {'limits': {field: value, ...}}")
             return await c.set_limits(limits)
+        if cmd == "shutdown":
+            c.shutdown()
+            return None
         if cmd == "feed_idle":
             seconds, source = request.get("seconds"), request.get("source", "app")
             number = isinstance(seconds, int | float) and not isinstance(seconds, bool)

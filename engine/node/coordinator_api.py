@@ -98,10 +98,12 @@ class CoordinatorApi:
         data = await self._post("/api/hosts/energy", {"peer_id": peer_id, "kwh_delta": kwh_delta}, token)
         return float(data.get("energy_kwh", 0.0))
 
-    async def credit(self, token: str) -> float:
-        """This account's total credit, as the coordinator's ledger has it."""
+    async def credit(self, token: str) -> tuple[float, int | None]:
+        """This account's total credit, as the coordinator's ledger has it, and its rank (1 = first)."""
         data = await self._post("/api/me", None, token, method="GET")
-        return float(data.get("credit", {}).get("total", 0.0))
+        credit = data.get("credit", {})
+        rank = credit.get("rank")
+        return float(credit.get("total", 0.0)), int(rank) if isinstance(rank, int) else None
 
     async def register(self, name: str, team: str | None = None) -> Credentials:
         body: dict[str, Any] = {"name": name}

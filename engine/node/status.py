@@ -7,7 +7,7 @@ Keys (stable; new ones may be added)::
     experts                      hosted uids;  accepting: whether new work is taken now
     requests_served, requests_refused, in_flight
     bytes_up, bytes_down         over the open links
-    credit                       None until the coordinator reports it
+    credit, rank                 None until the coordinator reports them
     energy_kwh                   the governor's estimate (None without one)
     dht_peers, signaling_joins, assignment_expires_in
     errors                       the most recent errors, newest last: [{time, message}]
@@ -37,6 +37,7 @@ STATUS_KEYS = (
     "bytes_up",
     "bytes_down",
     "credit",
+    "rank",
     "energy_kwh",
     "dht_peers",
     "signaling_joins",
@@ -78,6 +79,7 @@ def build_status(v: Volunteer) -> dict[str, Any]:
         "bytes_up": sum(lk.rpc.channel.bytes_sent for lk in links),
         "bytes_down": sum(lk.rpc.channel.bytes_received for lk in links),
         "credit": v.credit,
+        "rank": v.rank,
         "energy_kwh": meter.totals.kwh if meter is not None else None,
         "dht_peers": len(v.dht.table) if v.dht is not None else 0,
         "signaling_joins": v.peer.signaling.joins,

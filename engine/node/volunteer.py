@@ -128,6 +128,7 @@ class Volunteer:
         self._joins_seen = 0
         self._upkeep: asyncio.Task[None] | None = None
         self.credit: float | None = None  # set when the coordinator reports it
+        self.rank: int | None = None  # the account's place on the leaderboard (1 = first)
         self.energy_reported_kwh = 0.0
         self._accounted_at = -math.inf
 
@@ -336,7 +337,7 @@ class Volunteer:
         if token is None:
             return
         try:
-            self.credit = await self.api.credit(token)
+            self.credit, self.rank = await self.api.credit(token)
             await self._report_energy(token)
         except NodeError as e:  # unreachable too: the rest of upkeep still runs
             self.note_error(f"credit: {e}")

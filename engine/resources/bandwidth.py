@@ -11,6 +11,7 @@ forward: a clock set backwards into last month does not reset or resurrect a per
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -135,6 +136,9 @@ class DataCapCounter:
         self.period = period_key(now(), reset_day)
         self.sent = 0
         self.received = 0
+        self.day = now().date().toordinal()  # today's bytes too, for what the tray shows
+        self.day_sent = 0
+        self.day_received = 0
         self._load()
 
     def _load(self) -> None:
@@ -146,17 +150,27 @@ class DataCapCounter:
             return  # missing or damaged: start this period from zero
         if period >= self.period:
             self.period, self.sent, self.received = period, max(0, sent), max(0, received)
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            if int(state["day"]) == self.day:
+                self.day_sent = max(0, int(state["day_sent"]))
+                self.day_received = max(0, int(state["day_received"]))
 
     def _roll(self) -> None:
         key = period_key(self._now(), self.reset_day)
         if key > self.period:
             self.period, self.sent, self.received = key, 0, 0
             self._dirty = True
+        day = self._now().date().toordinal()
+        if day != self.day:
+            self.day, self.day_sent, self.day_received = day, 0, 0
+            self._dirty = True
 
     def add(self, sent: int = 0, received: int = 0) -> None:
         self._roll()
         self.sent += sent
         self.received += received
+        self.day_sent += sent
+        self.day_received += received
         self._dirty = True
         if self._clock() - self._last_save >= self._save_every:
             self.flush()
@@ -164,6 +178,16 @@ class DataCapCounter:
     def used(self) -> int:
         self._roll()
         return self.sent + self.received
+
+    def totals(self) -> dict[str, int]:
+        """Bytes up and down today and this period (what the tray's status window shows)."""
+        self._roll()
+        return {
+            "today_up": self.day_sent,
+            "today_down": self.day_received,
+            "period_up": self.sent,
+            "period_down": self.received,
+        }
 
     def period_end(self) -> datetime:
         return period_end(self.period, self.reset_day)
@@ -177,6 +201,13 @@ class DataCapCounter:
         self._last_save = self._clock()
         if not self._dirty:
             return
-        state = {"period": list(self.period), "sent": self.sent, "received": self.received}
+        state = {
+            "period": list(self.period),
+            "sent": self.sent,
+            "received": self.received,
+            "day": self.day,
+            "day_sent": self.day_sent,
+            "day_received": self.day_received,
+        }
         atomic_write(self.path, json.dumps(state).encode())
         self._dirty = False

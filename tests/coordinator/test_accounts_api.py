@@ -74,6 +74,7 @@ async def test_register_me_bind_refresh_revoke(api: Api) -> None:
     token, account_id = body["token"], body["account"]["id"]
     status, me = await api.get("/api/me", token)
     assert status == 200 and me["account"]["team"] == "Red" and me["hosts"] == []
+    assert me["credit"]["rank"] >= 1  # the tray shows it; ties share a rank
 
     host = Identity.generate()
     bind = {"public_key": _b64(host.public_key), "signature": _b64(host.sign(bind_message(account_id)))}

@@ -37,6 +37,9 @@ class FakeNode:
     def feed_idle(self, seconds: float, source: str) -> None:
         self.calls.append(f"idle {seconds} {source}")
 
+    def shutdown(self) -> None:
+        self.calls.append("shutdown")
+
 
 async def test_wrong_secret_is_refused_and_the_file_is_private(tmp_path: Path) -> None:
     node = FakeNode()
@@ -65,6 +68,11 @@ async def test_wrong_secret_is_refused_and_the_file_is_private(tmp_path: Path) -
                 await client.snooze(-1)
             with pytest.raises(ControlError, match="unknown_command"):
                 await client.request("format_disk")
+            await client.feed_idle(12.5, "app:x11")
+            await client.shutdown()
+            assert node.calls[-2:] == ["idle 12.5 app:x11", "shutdown"]
+            with pytest.raises(ControlError, match="bad_request"):
+                await client.request("feed_idle", seconds="soon")
     finally:
         await server.stop()
     assert not server.path.exists()

@@ -85,7 +85,8 @@ def test_monthly_cap_rollover_and_persistence(tmp_path: Path) -> None:
     with pytest.raises(DataCapReached):
         c.check(1000)
     c.check(None)
-    assert json.loads(path.read_text()) == {"period": [2025, 7], "sent": 600, "received": 500}
+    assert json.loads(path.read_text())["period"] == [2025, 7]
+    assert c.totals() == {"today_up": 600, "today_down": 500, "period_up": 600, "period_down": 500}
     assert DataCapCounter(path, now=lambda: now[0]).used() == 1100  # survives a restart
     now[0] = datetime(2025, 8, 1, 0, 1)
     assert c.used() == 0 and c.period_end() == datetime(2025, 9, 1)
@@ -94,6 +95,18 @@ def test_monthly_cap_rollover_and_persistence(tmp_path: Path) -> None:
     assert c.used() == 7
     c.flush()
     assert DataCapCounter(path, now=lambda: now[0]).used() == 7
+
+
+def test_today_rolls_over_at_midnight_and_survives_a_restart(tmp_path: Path) -> None:
+    now = [datetime(2025, 7, 10, 23, 59)]
+    path = tmp_path / "data.json"
+    c = DataCapCounter(path, now=lambda: now[0], save_every_s=0)
+    c.add(sent=10, received=20)
+    assert DataCapCounter(path, now=lambda: now[0]).totals()["today_down"] == 20
+    now[0] = datetime(2025, 7, 11, 0, 0)
+    c.add(sent=1)
+    assert c.totals() == {"today_up": 1, "today_down": 0, "period_up": 11, "period_down": 20}
+    assert DataCapCounter(path, now=lambda: now[0]).totals()["today_up"] == 1
 
 
 def test_damaged_state_file_starts_from_zero(tmp_path: Path) -> None:

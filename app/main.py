@@ -1,7 +1,61 @@
-"""``lah app``: placeholder until the tray app lands."""
+"""``lah app``: the tray app's entry point. One copy per user; Fusion style so it looks the same and
+readable in light and dark on every desktop; logs rotated in the user log folder."""
 
 from __future__ import annotations
 
+import logging
+import logging.handlers
+import os
+import sys
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
+
+from .assets import icon
+from .controller import AppController, AppPaths
+from .single_instance import SingleInstance
+
+
+def setup_logging(paths: AppPaths) -> None:
+    paths.logs.mkdir(parents=True, exist_ok=True)
+    handler = logging.handlers.RotatingFileHandler(paths.logs / "app.log", maxBytes=1 << 20, backupCount=3)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+
+
+def make_qapp(argv: list[str]) -> QApplication:
+    existing = QApplication.instance()
+    qapp = existing if isinstance(existing, QApplication) else QApplication(argv)
+    qapp.setApplicationName("Learning@home")
+    qapp.setDesktopFileName("learning-at-home")
+    qapp.setStyle("Fusion")
+    qapp.setQuitOnLastWindowClosed(False)  # it lives in the tray
+    qapp.setWindowIcon(icon("app"))
+    scheme = os.environ.get("LAH_COLOR_SCHEME", "").lower()  # screenshots in both; default: the desktop's
+    if scheme in ("light", "dark"):
+        qapp.styleHints().setColorScheme(Qt.ColorScheme.Dark if scheme == "dark" else Qt.ColorScheme.Light)
+    return qapp
+
 
 def main(*, coordinator: str | None = None, demo: bool = False) -> int:
-    raise SystemExit("the tray app is not built yet")
+    paths = AppPaths.default()
+    setup_logging(paths)
+    qapp = make_qapp(sys.argv[:1])
+    instance = SingleInstance(str(paths.config.parent))
+    try:
+        first = instance.claim()
+    except OSError as e:
+        logging.getLogger(__name__).warning("single-instance socket: %s", e)
+        first = True
+    if not first:
+        print("Learning@home is already running; its window was brought forward.", file=sys.stderr)
+        return 0
+    controller = AppController(qapp, paths=paths, coordinator=coordinator, demo=demo)
+    instance.activated.connect(controller.bring_forward)
+    controller.start()
+    try:
+        return qapp.exec()
+    finally:
+        instance.close()

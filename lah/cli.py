@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -73,6 +74,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
     elif args.command == "node":
         from engine.control.commands import run_node
+
+        pinned = os.environ.get("LAH_HOST_ADDRESSES")  # e.g. 127.0.0.1 for local swarms and tests
+        if pinned:
+            pin_host_addresses([a.strip() for a in pinned.split(",") if a.strip()])
 
         return eventloop.run(
             run_node(

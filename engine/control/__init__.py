@@ -20,18 +20,32 @@ Exceptions::
     └── NodeNotRunning      no connection file, or nothing answers on its port
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
 from .client import ControlClient
-from .node_control import NodeControl
 from .protocol import (
     ConnectionInfo,
     ControlError,
     NodeNotRunning,
     Unauthorized,
+    data_dir,
     default_connection_path,
     default_dir,
     file_mode,
 )
 from .server import Controller, ControlServer
+
+if TYPE_CHECKING:
+    from .node_control import NodeControl
+
+
+def __getattr__(name: str) -> Any:
+    """``NodeControl`` loads the node (and torch) on first use: the tray app's client never needs it."""
+    if name == "NodeControl":
+        return import_module(".node_control", __name__).NodeControl
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ConnectionInfo",
@@ -42,6 +56,7 @@ __all__ = [
     "NodeControl",
     "NodeNotRunning",
     "Unauthorized",
+    "data_dir",
     "default_connection_path",
     "default_dir",
     "file_mode",

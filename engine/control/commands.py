@@ -14,8 +14,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from engine.node import (
     CoordinatorUnreachable,
     FileTokenStore,
@@ -26,17 +24,19 @@ from engine.node import (
 )
 from engine.node.tokens import default_token_store
 from engine.p2p import Identity, LinkConfig
-from engine.resources import DataCapCounter, SystemSensors, TokenBucket, apply_torch_limits, load_settings
+from engine.resources import (
+    DataCapCounter,
+    SystemSensors,
+    TokenBucket,
+    apply_torch_limits,
+    load_settings,
+    settings_path,
+)
 
 from .client import ControlClient
 from .node_control import NodeControl
-from .protocol import APP_NAME, ControlError, default_connection_path, default_dir
+from .protocol import ControlError, data_dir, default_connection_path, default_dir
 from .server import ControlServer
-
-
-def data_dir() -> Path:
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
-
 
 RETRY_UNREACHABLE_S = 30.0
 
@@ -58,6 +58,7 @@ async def run_node(
         print(f"lah node: {e}", file=sys.stderr)
         return 2
     try:
+        settings_file = settings_file or settings_path()  # where `set_limits` saves, as load reads
         settings, warnings = load_settings(settings_file)
         for warning in warnings:
             print(f"settings: {warning}", file=sys.stderr)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import torch
 
 from engine.node import Volunteer
 from engine.resources import (
@@ -31,6 +32,11 @@ from engine.resources.limits import apply_torch_limits
 from engine.resources.settings import monthly_data_cap_bytes
 
 from .protocol import ControlError
+
+# Which torch build computes, for the tray's About box and bug reports (CPU or CUDA, and which).
+RUNTIME = {
+    "torch": f"{torch.__version__} ({'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build'})",
+}
 
 
 class NodeControl:
@@ -59,6 +65,7 @@ class NodeControl:
         status["limits"] = msgspec.to_builtins(self.volunteer.settings)
         gov = self.volunteer.governor
         status["idle_source"] = (gov.idle.source or "node") if gov is not None else None
+        status["runtime"] = RUNTIME
         if self.traffic is not None:
             status["traffic"] = {
                 **self.traffic.totals(),

@@ -57,6 +57,11 @@ def default_dir() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
+def data_dir() -> Path:
+    """The node's identity, token file, checkpoints and traffic counter (the tray app uses it too)."""
+    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+
+
 def default_connection_path() -> Path:
     return default_dir() / CONNECTION_FILE
 

@@ -22,16 +22,41 @@ Exceptions::
     └── AlreadyRunning          another node of this user holds the instance lock (``pid``)
 """
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+# Light modules load at once; those that load torch, aiortc and the DHT load on first use, so the tray
+# app can use the coordinator API and the token stores in a process that never imports torch.
 from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
 from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
-from .gate import UNAVAILABLE, WorkGate
-from .hosting import Hosting
-from .join import join_local
 from .lock import InstanceLock
-from .memory import memory_budget, process_rss
-from .status import STATUS_KEYS, build_status
 from .tokens import Credentials, FileTokenStore, KeyringTokenStore, MemoryTokenStore, TokenStore
-from .volunteer import Volunteer
+
+_LAZY = {
+    "UNAVAILABLE": "gate",
+    "WorkGate": "gate",
+    "Hosting": "hosting",
+    "join_local": "join",
+    "memory_budget": "memory",
+    "process_rss": "memory",
+    "STATUS_KEYS": "status",
+    "build_status": "status",
+    "Volunteer": "volunteer",
+}
+
+if TYPE_CHECKING:
+    from .gate import UNAVAILABLE, WorkGate
+    from .hosting import Hosting
+    from .join import join_local
+    from .memory import memory_budget, process_rss
+    from .status import STATUS_KEYS, build_status
+    from .volunteer import Volunteer
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "STATUS_KEYS",

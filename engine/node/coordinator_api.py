@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from engine.moe import ExpertSpec
-from engine.p2p import Identity
-from engine.wire.statements import bind_message
-
 from .errors import CoordinatorError, CoordinatorUnreachable
 from .tokens import Credentials
+
+if TYPE_CHECKING:  # the tray app registers through this module without loading torch and aiortc
+    from engine.moe import ExpertSpec
+    from engine.p2p import Identity
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,8 @@ class Assignment:
 
 
 def parse_assignment(raw: Any) -> Assignment:
+    from engine.moe import ExpertSpec
+
     try:
         experts = tuple(
             AssignedExpert(
@@ -114,6 +116,8 @@ class CoordinatorApi:
 
     async def bind_host(self, credentials: Credentials, identity: Identity) -> bool:
         """Bind ``identity`` to the account; True if newly bound (idempotent)."""
+        from engine.wire.statements import bind_message
+
         body = {
             "public_key": base64.b64encode(identity.public_key).decode(),
             "signature": base64.b64encode(identity.sign(bind_message(credentials.account_id))).decode(),

@@ -161,7 +161,9 @@ def _check_field(struct: type[msgspec.Struct], name: str, value: Any) -> Any:
     return out
 
 
-def _load_struct(struct: type[msgspec.Struct], raw: dict[str, Any], where: str, warnings: list[str]) -> Any:
+def load_fields(struct: type[msgspec.Struct], raw: dict[str, Any], where: str, warnings: list[str]) -> Any:
+    """Build ``struct`` from ``raw`` field by field: a bad or unknown field gets a plain message in
+    ``warnings`` (prefixed with ``where``) and its default; the others keep their values."""
     values: dict[str, Any] = {}
     known = {f.name: f for f in msgspec.structs.fields(struct)}
     for key, value in raw.items():
@@ -172,7 +174,7 @@ def _load_struct(struct: type[msgspec.Struct], raw: dict[str, Any], where: str, 
             continue
         if field.type is Schedule:
             if isinstance(value, dict):
-                values[key] = _load_struct(Schedule, value, f"{key}.", warnings)
+                values[key] = load_fields(Schedule, value, f"{key}.", warnings)
             else:
                 warnings.append(
                     f"Setting '{label}' must be a table of weekdays; using the default (every hour)."
@@ -194,12 +196,13 @@ def parse_settings(text: str) -> tuple[Settings, list[str]]:
     except tomllib.TOMLDecodeError as e:
         return Settings(), [f"The settings file could not be read ({e}); using all defaults."]
     warnings: list[str] = []
-    settings = _load_struct(Settings, raw, "", warnings)
+    settings = load_fields(Settings, raw, "", warnings)
     assert isinstance(settings, Settings)
     return settings, warnings
 
 
-def _backup(path: Path) -> Path:
+def keep_backup(path: Path) -> Path:
+    """Copy a file that had to be repaired to ``<name>.bad-<timestamp>`` beside it."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     backup = path.with_name(f"{path.name}.bad-{stamp}")
     n = 1
@@ -227,7 +230,7 @@ def load_settings(path: Path | None = None) -> tuple[Settings, list[str]]:
         settings, warnings = parse_settings(text)
     if warnings:
         try:
-            backup = _backup(path)
+            backup = keep_backup(path)
             warnings.append(f"The original file was kept as {backup.name}.")
             save_settings(settings, path)
         except OSError as e:
@@ -251,7 +254,7 @@ def save_settings(settings: Settings, path: Path | None = None) -> None:
 def validated(settings: Settings) -> Settings:
     """Check a settings object built in code (e.g. by the tray); raise SettingsError listing every problem."""
     warnings: list[str] = []
-    out = _load_struct(Settings, msgspec.to_builtins(settings), "", warnings)
+    out = load_fields(Settings, msgspec.to_builtins(settings), "", warnings)
     if warnings:
         raise SettingsError(" ".join(w.split(";")[0] + "." for w in warnings))
     assert isinstance(out, Settings)

@@ -16,9 +16,9 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes the QApplication
 
-from coordinator.app import RunningCoordinator, start_full  # noqa: E402
-from coordinator.config import CoordinatorConfig, ExperimentConfig  # noqa: E402
-from engine.moe import LoopThread  # noqa: E402
+from coordinator.app import RunningCoordinator, start_full
+from coordinator.config import CoordinatorConfig, ExperimentConfig
+from engine.moe import LoopThread
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], hyperparams={"d_model": 16, "hidden": 32})
 

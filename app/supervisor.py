@@ -195,6 +195,16 @@ class NodeSupervisor(QObject):
         self._escalation = 0
         self._escalate.start(int(self.shutdown_grace_s * 1000))
 
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """No more restarts, and the node killed now (for the app's own crash handling and tests)."""
+        self._stopping = True
+        self._retry.stop()
+        self._escalate.stop()
+        proc = self._proc
+        if proc is not None and proc.state() != QProcess.ProcessState.NotRunning:
+            proc.kill()
+            proc.waitForFinished(int(timeout_s * 1000))
+
     def terminate_now(self) -> None:
         """The control API could not carry the shutdown: ask the OS instead (the kill timer still runs)."""
         if self._proc is not None and self._proc.state() != QProcess.ProcessState.NotRunning:

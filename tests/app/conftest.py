@@ -57,6 +57,7 @@ def app_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def start_coordinator(tmp_path: Path, port: int = 0) -> Coordinator:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     loop = LoopThread("test-coordinator")
     config = CoordinatorConfig(
         port=port,
@@ -95,7 +96,6 @@ def wait_until(qtbot: object) -> Callable[..., None]:
 @pytest.fixture
 def make_controller(qtbot: object) -> Iterator[Callable[..., object]]:
     """Build AppControllers that are always torn down: Quit (clean node stop), else the node is killed."""
-    from PySide6.QtCore import QProcess
     from PySide6.QtWidgets import QApplication
 
     from app.controller import AppController
@@ -111,11 +111,8 @@ def make_controller(qtbot: object) -> Iterator[Callable[..., object]]:
 
     yield make
     for controller in made:
-        sup = controller.supervisor
-        proc = sup._proc if sup is not None else None
-        if proc is not None and proc.state() != QProcess.ProcessState.NotRunning:
-            proc.kill()
-            proc.waitForFinished(10_000)
+        if controller.supervisor is not None:
+            controller.supervisor.kill()  # and no restart later, in another test's folders
         controller.link.stop()
         controller.bridge.close()
         for w in (controller.window, controller.status_window, controller.settings_window, controller.wizard):

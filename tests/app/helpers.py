@@ -16,8 +16,10 @@ from engine.resources import Settings, save_settings
 def consented(coordinator_url: str, name: str = "Bo", **settings: object) -> AppPaths:
     """Write what the wizard writes, so a test starts where a returning volunteer does."""
     paths = AppPaths.default()
-    save_config(AppConfig(consented=True, coordinator_url=coordinator_url, display_name=name, autostart=False),
-                paths.config)
+    save_config(
+        AppConfig(consented=True, coordinator_url=coordinator_url, display_name=name, autostart=False),
+        paths.config,
+    )
     # a busy test machine must not make the node wait for "other programs" (0: never)
     limits = {"use_gpu": False, "only_when_idle": False, "pause_when_other_cpu_percent": 0, **settings}
     save_settings(Settings(**limits), paths.settings)  # type: ignore[arg-type]
@@ -35,7 +37,9 @@ def free_port() -> int:
 def tiny_disk(folder: Path, size: str = "64k") -> Iterator[Path]:
     """A real, tiny file system (tmpfs; the tests run as root) mounted on ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True, timeout=10)
+    subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], check=True, timeout=10
+    )
     try:
         yield folder
     finally:

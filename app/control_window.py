@@ -62,6 +62,9 @@ class ControlWindow(QWidget):
             else:
                 button.setDefaultAction(action)
                 button.setAccessibleName(action.text().replace("&", ""))
+                # Pause and Resume take turns, as in the menu
+                action.changed.connect(lambda b=button, a=action: b.setVisible(a.isVisible()))
+                button.setVisible(action.isVisible())
             grid.addWidget(button, i // 3, i % 3)
         layout = QVBoxLayout(self)
         layout.addLayout(top)

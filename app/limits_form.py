@@ -123,7 +123,7 @@ class LimitsForm(QWidget):
         self._days: dict[str, QLineEdit] = {}
         self.error_label = QLabel(self, wordWrap=True)
         self.error_label.setObjectName("limitsErrors")
-        self.error_label.setStyleSheet("color: palette(highlight); font-weight: 600;")
+        self.error_label.setStyleSheet("font-weight: 600;")  # the text colour: readable light and dark
         layout = QVBoxLayout(self)
         for title, names in GROUPS:
             box = QGroupBox(title, self)
@@ -234,7 +234,7 @@ class LimitsForm(QWidget):
         for edit in self._days.values():
             bad = any(_is_bad(t) for t in _split(edit.text()))
             edit.setStyleSheet("border: 2px solid #b42318;" if bad else "")
-        self.error_label.setText("\n".join(problems))
+        self.error_label.setText("\n".join(f"⚠ {p}" for p in problems))
         self.error_label.setVisible(bool(problems))
         valid = not problems
         if valid != self._valid:

@@ -8,12 +8,12 @@ import logging.handlers
 import os
 import sys
 
-from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
 from .assets import icon
 from .controller import AppController, AppPaths
 from .single_instance import SingleInstance
+from .theme import apply_color_scheme
 
 
 def setup_logging(paths: AppPaths) -> None:
@@ -30,12 +30,10 @@ def make_qapp(argv: list[str]) -> QApplication:
     qapp = existing if isinstance(existing, QApplication) else QApplication(argv)
     qapp.setApplicationName("Learning@home")
     qapp.setDesktopFileName("learning-at-home")
-    qapp.setStyle("Fusion")
     qapp.setQuitOnLastWindowClosed(False)  # it lives in the tray
     qapp.setWindowIcon(icon("app"))
-    scheme = os.environ.get("LAH_COLOR_SCHEME", "").lower()  # screenshots in both; default: the desktop's
-    if scheme in ("light", "dark"):
-        qapp.styleHints().setColorScheme(Qt.ColorScheme.Dark if scheme == "dark" else Qt.ColorScheme.Light)
+    apply_color_scheme(qapp, os.environ.get("LAH_COLOR_SCHEME", ""))  # default: the desktop's
+    qapp.styleHints().colorSchemeChanged.connect(lambda _s: apply_color_scheme(qapp))
     return qapp
 
 

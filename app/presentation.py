@@ -35,10 +35,7 @@ def present(status: dict[str, Any] | None, supervisor: str, supervisor_text: str
     if state == "running":
         n = len(status.get("experts") or [])
         return View(
-            "contributing",
-            "Contributing",
-            f"Contributing: hosting {n} expert{'s' * (n != 1)}. {_cap(reason)}".strip(),
-            False,
+            "contributing", "Contributing", f"Hosting {n} expert{'s' * (n != 1)}. {_cap(reason)}", False
         )
     if state == "paused":
         return View("paused", "Paused", "Paused by you. Choose Resume to contribute again.", True)

@@ -43,6 +43,7 @@ class SettingsWindow(QWidget):
         self.form.validity_changed.connect(self.apply_button.setEnabled)
         layout = QVBoxLayout(self)
         layout.addWidget(scroll, 1)
+        layout.addWidget(self.form.error_label)  # outside the scroll: always in sight
         layout.addWidget(self.autostart)
         layout.addWidget(self.message)
         layout.addWidget(self.buttons)

@@ -54,14 +54,13 @@ class StatusWindow(QWidget):
             self.fields[key] = value
         layout.addWidget(box)
         pg.setConfigOptions(antialias=True, background=None, foreground=self.palette().text().color())
-        self.chart = pg.PlotWidget(self, title="Last 10 minutes")
+        self.chart = pg.PlotWidget(self, title="Recent activity")
         self.chart.setObjectName("activityChart")
         self.chart.setAccessibleName("Chart of requests served and data moved over the last ten minutes")
         self.chart.setMinimumHeight(220)
         self.chart.setLabel("bottom", "minutes ago")
         self.chart.setLabel("left", "per second")
         self.chart.addLegend(offset=(10, 10))
-        self.chart.setXRange(-10, 0)
         self.curves = {
             "requests": self.chart.plot(name="requests", pen=pg.mkPen("#1f7a4d", width=2)),
             "up": self.chart.plot(name="KiB up", pen=pg.mkPen("#3b5bdb", width=2)),
@@ -110,3 +109,7 @@ class StatusWindow(QWidget):
         self.curves["requests"].setData(x, req)
         self.curves["up"].setData(x, up)
         self.curves["down"].setData(x, down)
+        # from a minute up to the ten minutes kept, and always from zero: a rate is read against zero
+        span = min(10.0, max(1.0, -min(x, default=0.0)))
+        self.chart.setXRange(-span, 0, padding=0.02)
+        self.chart.setYRange(0, max([1.0, *req, *up, *down]) * 1.1, padding=0)

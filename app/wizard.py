@@ -82,7 +82,9 @@ class LimitsPage(QWizardPage):
         self.scroll = QScrollArea(self)
         self.scroll.setWidgetResizable(True)
         self.scroll.setWidget(self.form)
-        QVBoxLayout(self).addWidget(self.scroll)
+        layout = QVBoxLayout(self)
+        layout.addWidget(self.scroll)
+        layout.addWidget(self.form.error_label)  # outside the scroll: why "Next" is off stays in sight
 
     def isComplete(self) -> bool:
         return self.form.valid

@@ -18,7 +18,6 @@ from PySide6.QtCore import QRect
 from PySide6.QtGui import QColor, QImage
 
 from engine.control import ControlClient
-from tests.ui.conftest import xscreen, xscreen_no_tray  # noqa: F401 (fixtures)
 from tests.ui.xscreen import WindowInfo, XScreen
 
 from .conftest import Coordinator
@@ -66,10 +65,15 @@ def looks_green(c: QColor) -> bool:
 
 
 def test_tray_icon_menu_pause_and_quit(
-    app_env: Path, coordinator: Coordinator, xscreen: XScreen, tmp_path: Path  # noqa: F811
+    app_env: Path,
+    coordinator: Coordinator,
+    xscreen: XScreen,
+    tmp_path: Path,
 ) -> None:
     consented(coordinator.url)
-    app = xscreen.popen([sys.executable, "-m", "lah", "app"], env={**xscreen.env, "LAH_COLOR_SCHEME": "light"})
+    app = xscreen.popen(
+        [sys.executable, "-m", "lah", "app"], env={**xscreen.env, "LAH_COLOR_SCHEME": "light"}
+    )
     icon = xscreen.wait_for_tray_icon(timeout=30)
     tray = next(i for i in xscreen.tray_icons())
     wait("the node to contribute", lambda: node_state() == "running", 90)
@@ -95,12 +99,14 @@ def test_tray_icon_menu_pause_and_quit(
     xscreen.key("Up", "Return")  # wraps to the last item: Quit
     assert app.wait(timeout=45) == 0
     wait("the node to be gone", lambda: node_state() is None, 15)
-    log = (app_env / "state" / "learning-at-home" / "log" / "node.log")
+    log = app_env / "state" / "learning-at-home" / "log" / "node.log"
     assert log.is_file() or list(app_env.rglob("node.log"))
 
 
 def test_without_a_tray_the_window_stands_in_and_says_why(
-    app_env: Path, coordinator: Coordinator, xscreen_no_tray: XScreen  # noqa: F811
+    app_env: Path,
+    coordinator: Coordinator,
+    xscreen_no_tray: XScreen,
 ) -> None:
     consented(coordinator.url)
     app = xscreen_no_tray.popen([sys.executable, "-m", "lah", "app"])
@@ -108,7 +114,9 @@ def test_without_a_tray_the_window_stands_in_and_says_why(
         window = xscreen_no_tray.wait_for_window("Learning@home", timeout=30)
         assert window.width > 100 and window.height > 80
         wait("the node to contribute", lambda: node_state() == "running", 90)
-        assert (app_env / "config" / "learning-at-home" / "app.toml").read_text().count("no_tray_noted = true")
+        assert (
+            (app_env / "config" / "learning-at-home" / "app.toml").read_text().count("no_tray_noted = true")
+        )
     finally:
         app.terminate()
         try:

@@ -6,8 +6,12 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import os
+import signal
+import socket
 import sys
+from collections.abc import Callable
 
+from PySide6.QtCore import QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
 from .assets import icon
@@ -37,6 +41,22 @@ def make_qapp(argv: list[str]) -> QApplication:
     return qapp
 
 
+def quit_on_signals(qapp: QApplication, quit: Callable[[], None]) -> None:
+    """SIGINT and SIGTERM (a logout, ``kill``, the demo's Ctrl+C) mean Quit: the node stops cleanly.
+
+    Qt's loop never returns to Python by itself, so the signal wakes it through a socket pair that
+    Python writes to (``set_wakeup_fd``); no timer polls for it."""
+    rsock, wsock = socket.socketpair()
+    rsock.setblocking(False)
+    wsock.setblocking(False)
+    signal.set_wakeup_fd(wsock.fileno())
+    notifier = QSocketNotifier(rsock.fileno(), QSocketNotifier.Type.Read, qapp)
+    notifier.activated.connect(lambda *_: rsock.recv(64))  # Python runs the handler right after
+    qapp.setProperty("_lah_signal_socks", (rsock, wsock, notifier))  # keep them alive with the app
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: quit())
+
+
 def main(*, coordinator: str | None = None, demo: bool = False) -> int:
     paths = AppPaths.default()
     setup_logging(paths)
@@ -52,6 +72,7 @@ def main(*, coordinator: str | None = None, demo: bool = False) -> int:
         return 0
     controller = AppController(qapp, paths=paths, coordinator=coordinator, demo=demo)
     instance.activated.connect(controller.bring_forward)
+    quit_on_signals(qapp, controller.quit)
     controller.start()
     try:
         return qapp.exec()

@@ -15,6 +15,7 @@ that one and does not fight it. ``stop()`` asks the node to shut down cleanly th
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -126,6 +127,7 @@ class NodeSupervisor(QObject):
         proc.setStandardOutputFile(str(self.log_path), QProcess.OpenModeFlag.Append)
         env = QProcessEnvironment.systemEnvironment()
         env.insert("PYTHONUNBUFFERED", "1")
+        env.insert("LAH_PARENT_PID", str(os.getpid()))  # the node stops by itself if the app is gone
         for key, value in (self.env or {}).items():
             env.insert(key, value)
         proc.setProcessEnvironment(env)

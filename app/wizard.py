@@ -79,11 +79,11 @@ class LimitsPage(QWizardPage):
         self.setSubTitle("Learning@home never goes past these. The defaults suit most computers.")
         self.form = LimitsForm(settings)
         self.form.validity_changed.connect(lambda _ok: self.completeChanged.emit())
-        self.scroll = QScrollArea(self)
-        self.scroll.setWidgetResizable(True)
-        self.scroll.setWidget(self.form)
+        self.scroller = QScrollArea(self)
+        self.scroller.setWidgetResizable(True)
+        self.scroller.setWidget(self.form)
         layout = QVBoxLayout(self)
-        layout.addWidget(self.scroll)
+        layout.addWidget(self.scroller)
         layout.addWidget(self.form.error_label)  # outside the scroll: why "Next" is off stays in sight
 
     def isComplete(self) -> bool:

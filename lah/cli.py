@@ -53,7 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     dmoe = sub.add_parser("demo", help="a whole swarm on loopback trains a DMoE model on handwritten digits")
     dmoe.add_argument("--volunteers", type=int, default=4, help="volunteer nodes hosting experts")
     dmoe.add_argument("--steps", type=int, default=150, help="training steps of 64 samples")
-    dmoe.add_argument("--linger", type=float, default=0.0, help="seconds to keep the coordinator up after")
+    dmoe.add_argument(
+        "--linger",
+        type=float,
+        help="seconds to keep the coordinator up after training (default: until Ctrl+C)",
+    )
+    dmoe.add_argument("--app", action="store_true", help="the tray app joins too (needs a display)")
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
@@ -67,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif args.command == "demo":
         from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
 
-        run_demo(volunteers=args.volunteers, steps=args.steps, linger=args.linger)
+        run_demo(volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app)
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
 

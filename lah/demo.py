@@ -6,7 +6,11 @@ coordinator (SQLite in a temporary directory, one experiment ``ffn`` on a 4x4 gr
 assigned and declare them in the DHT, and a trainer whose DMoE layer finds them by beam search and
 trains on sklearn's bundled digits. The trainer signs receipts for every answered request; at the end the
 demo prints test accuracy, requests served per host, the credit the coordinator recorded and the
-leaderboard URL, and keeps the coordinator up for ``linger`` seconds.
+leaderboard URL, and keeps the coordinator up for ``linger`` seconds (``None``: until Ctrl+C).
+
+With ``app``, the tray app joins as one more volunteer (``demo_app.py``): the newcomer goes through its
+first-run window, and the trainer trains round after round (until Ctrl+C or the app quits), so the
+app's own node gets requests and credit while they watch.
 
 It sits above engine and coordinator (in ``lah``, the package that composes them), so the engine never
 imports the coordinator.
@@ -29,6 +33,8 @@ from engine.moe import LoopThread
 from engine.p2p import Peer
 from engine.p2p.aiortc_patches import pin_host_addresses
 from engine.trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split, remote_model
+
+from .demo_app import launch_app, stop_app
 
 __all__ = ["DemoResult", "run_demo"]
 
@@ -73,15 +79,17 @@ def run_demo(
     *,
     volunteers: int = 4,
     steps: int = 150,
-    linger: float = 0.0,
+    linger: float | None = 0.0,
+    app: bool = False,
     kill_at: int | None = None,
     progress: bool = True,
     config: TrainerConfig | None = None,
     say: Callable[[str], None] = print,
     data_dir: Path | None = None,
     wrap_peer: Callable[[Peer], Any] | None = None,
-) -> DemoResult:
-    """Run the demo; ``kill_at``: stop the first volunteer after that many steps (routing around it).
+) -> DemoResult | None:
+    """Run the demo (``None`` when Ctrl+C stopped it before the end); ``kill_at``: stop the first
+    volunteer after that many steps (routing around it).
 
     ``wrap_peer``: what the trainer's DMoE layer calls experts through instead of its Peer (benchmarks
     inject faults and latency there)."""
@@ -115,6 +123,7 @@ def run_demo(
         running = loop.run(start_full(coordinator_config), 60)
         vols: list[Any] = []
         node: TrainerNode | None = None
+        app_proc = None
         try:
             say(f"coordinator: {running.url} (SQLite in {tmp})")
             # RAM budget in MiB: enough for twice the grid over all volunteers (replication 2)
@@ -164,9 +173,22 @@ def run_demo(
                     killed.append(victim.peer_id)
                     logger.info("stopped %s mid-training", names[victim.peer_id])
 
-            stats = trainer.train(steps, progress=progress, on_step=on_step)
-            accuracy = trainer.evaluate(progress=progress)
-            loop.run(node.receipts.flush(), 30)
+            app_proc = launch_app(running.url, tmp / "app") if app else None
+            say(f"leaderboard: {running.url}/leaderboard")
+            if app_proc is not None:
+                say("the tray app is starting: go through its window to join as one more volunteer")
+            rounds = 0
+            while True:
+                stats = trainer.train(steps, progress=progress, on_step=on_step)
+                accuracy = trainer.evaluate(progress=progress)
+                loop.run(node.receipts.flush(), 30)
+                rounds += 1
+                if app_proc is None or app_proc.poll() is not None:
+                    break
+                by_host = ", ".join(
+                    f"{names.get(h, 'your app')}: {n}" for h, n in sorted(node.stats.served.items())
+                )
+                say(f"round {rounds}: accuracy {accuracy:.3f}; requests served so far: {by_host}")
             time.sleep(0.2)
             board = loop.run(node.http.get("/api/leaderboard?kind=hosts&per_page=100"), 15)
             credit = {
@@ -194,17 +216,33 @@ def run_demo(
             r = node.receipts.stats
             say(f"receipts: {r.submitted} submitted, {r.accepted} credited, {r.rejected} rejected")
             say(f"leaderboard: {result.leaderboard_url}")
-            if linger > 0:
+            if linger is None:
+                say("the coordinator stays up until Ctrl+C")
+                _wait_for_interrupt()
+            elif linger > 0:
                 say(f"keeping the coordinator up for {linger:.0f} s")
                 time.sleep(linger)
             return result
+        except KeyboardInterrupt:
+            say("stopping the demo")
+            return None
         finally:
+            if app_proc is not None:
+                stop_app(app_proc)
             if node is not None:
                 _quietly(loop, node.stop(), 30)
             for v in vols:
                 _quietly(loop, v.stop(), 30)
             _quietly(loop, running.stop(), 15)
             loop.close()
+
+
+def _wait_for_interrupt() -> None:
+    try:
+        while True:
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return
 
 
 def _quietly(loop: LoopThread, coro: Any, timeout: float) -> None:

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import sys
 from pathlib import Path
 from typing import Any
+
+import psutil  # type: ignore[import-untyped]
 
 from engine.node import (
     CoordinatorUnreachable,
@@ -128,12 +131,15 @@ async def run_node(
                     print(f"lah node: {e}", file=sys.stderr)
                     await volunteer.stop()
                     return 1
+            watch = _watch_parent(stop)
             hosted = ", ".join(volunteer.hosted_uids) or "nothing yet"
             print(
                 f"node {volunteer.peer_id[:12]}… hosting {hosted}; control at {control.path}; Ctrl+C stops",
                 flush=True,
             )
             await stop.wait()
+            if watch is not None:
+                watch.cancel()
             return 0
         finally:
             await control.stop()
@@ -142,6 +148,27 @@ async def run_node(
             traffic.flush()
     finally:
         lock.release()
+
+
+PARENT_CHECK_S = 2.0
+
+
+def _watch_parent(stop: asyncio.Event) -> asyncio.Task[None] | None:
+    """A node started by the tray app (``LAH_PARENT_PID``) stops cleanly once the app is gone (it
+    crashed or was killed), instead of running on where nobody can pause it."""
+    try:
+        parent = int(os.environ.get("LAH_PARENT_PID", ""))
+    except ValueError:
+        return None
+
+    async def watch() -> None:
+        # no event tells another process's exit: poll, slowly
+        while psutil.pid_exists(parent):  # noqa: ASYNC110
+            await asyncio.sleep(PARENT_CHECK_S)
+        print(f"lah node: the app that started this node (pid {parent}) is gone; stopping", flush=True)
+        stop.set()
+
+    return asyncio.create_task(watch(), name="parent-watch")
 
 
 def format_status(status: dict[str, Any]) -> str:

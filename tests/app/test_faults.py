@@ -234,3 +234,25 @@ def test_a_second_copy_brings_the_first_forward_and_exits(app_env: Path, qtbot: 
     again = SingleInstance(str(AppPaths.default().config.parent))  # a crashed copy's socket is reclaimed
     assert again.claim()
     again.close()
+
+
+def test_a_node_whose_app_is_gone_stops_cleanly_by_itself(app_env: Path, coordinator: Coordinator) -> None:
+    consented(coordinator.url)
+    parent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(8)"])
+    node = subprocess.Popen(
+        [sys.executable, "-m", "lah", "node", "--coordinator", coordinator.url, "--name", "Gus"],
+        env={**os.environ, "LAH_PARENT_PID": str(parent.pid)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        parent.wait(30)  # the "app" ends without a word (as a crash would)
+        assert node.wait(60) == 0
+        out = node.stdout.read() if node.stdout else ""
+        assert "control at" in out and f"(pid {parent.pid}) is gone; stopping" in out
+        assert not default_connection_path().exists()  # it cleaned up as on any clean stop
+    finally:
+        for proc in (parent, node):
+            if proc.poll() is None:
+                proc.kill()

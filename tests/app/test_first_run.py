@@ -24,7 +24,7 @@ def go_through_wizard(qtbot: Any, c: AppController, name: str) -> None:
     wiz.next()
     assert wiz.currentPage() is wiz.limits
     away_only = wiz.limits.form.widget("only_when_idle")
-    wiz.limits.scroll.ensureWidgetVisible(away_only)  # scrolled to, as a person would
+    wiz.limits.scroller.ensureWidgetVisible(away_only)  # scrolled to, as a person would
     on_box = QPoint(8, away_only.height() // 2)  # the box itself: a click right of the text hits nothing
     qtbot.mouseClick(away_only, Qt.MouseButton.LeftButton, pos=on_box)
     assert not away_only.isChecked()

@@ -14,8 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# With a display: the demo swarm plus the tray app as one more volunteer; without one: the swarm alone.
+# Either way the coordinator (and its leaderboard) stays up until Ctrl+C.
 run: $(STAMP)
-	$(BIN)/lah demo
+	$(BIN)/lah demo $$( [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --app )
 
 test: $(STAMP)
 	bash scripts/services

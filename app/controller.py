@@ -84,9 +84,10 @@ class AppController(QObject):
         if coordinator and not self.config.consented:
             self.config = msgspec.structs.replace(self.config, coordinator_url=coordinator.rstrip("/"))
         self.settings, self.settings_warnings = load_settings(self.paths.settings)
-        if demo and not self.paths.settings.exists():  # a demo contributes while you watch it
+        if demo and not self.paths.settings.exists():
+            # A demo contributes while you watch it, beside the demo swarm's own busy processes.
             self.settings = msgspec.structs.replace(
-                self.settings, only_when_idle=False, gpu_only_when_idle=False
+                self.settings, only_when_idle=False, gpu_only_when_idle=False, pause_when_other_cpu_percent=0
             )
         self.bridge = Bridge(self)
         reader, source = session_idle_reader()

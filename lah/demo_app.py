@@ -28,11 +28,12 @@ def app_environment(folder: Path) -> dict[str, str]:
 
 def launch_app(coordinator_url: str, folder: Path) -> subprocess.Popen[bytes]:
     """Start the tray app on the demo's coordinator; its first-run window opens for the newcomer."""
+    env = app_environment(folder)
     log = (folder / "app-console.log").open("ab")
     try:
         return subprocess.Popen(
             [sys.executable, "-m", "lah", "app", "--coordinator", coordinator_url, "--demo"],
-            env=app_environment(folder),
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
         )

@@ -251,6 +251,7 @@ class AppController(QObject):
                 self._node_cmd or node_command(self.node_args()),
                 self.paths.logs / "node.log",
                 request_shutdown=self._request_shutdown,
+                node_reachable=lambda: self.link.connected,
                 parent=self,
                 **self._supervisor_options,
             )

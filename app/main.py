@@ -14,6 +14,7 @@ from collections.abc import Callable
 from PySide6.QtCore import QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
+from . import stall_probe
 from .assets import icon
 from .controller import AppController, AppPaths
 from .single_instance import SingleInstance
@@ -73,8 +74,10 @@ def main(*, coordinator: str | None = None, demo: bool = False) -> int:
     controller = AppController(qapp, paths=paths, coordinator=coordinator, demo=demo)
     instance.activated.connect(controller.bring_forward)
     quit_on_signals(qapp, controller.quit)
+    probe = stall_probe.from_environment(qapp)  # the footprint benchmark's GUI-stall meter, else None
     controller.start()
     try:
         return qapp.exec()
     finally:
+        del probe
         instance.close()

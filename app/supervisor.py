@@ -7,9 +7,10 @@ straight to ``node.log`` (rotated at each start), never through the GUI.
 
 Policy: an unexpected exit is restarted after 1, 2, 4 ... 60 s; a run that lasted ``stable_s`` resets
 the count; ``give_up_after`` quick failures in a row stop the restarts and say so (``gave_up``).
-Exit code 2 means another node of this user already runs (e.g. started from a terminal): the app uses
-that one and does not fight it. ``stop()`` asks the node to shut down cleanly through the control API
-(checkpoints are written), then terminates, then kills, each step bounded.
+Exit code 2 means another node of this user already runs (e.g. started from a terminal, or one still
+shutting down): the app uses that one, and starts its own again once that one no longer answers. ``stop()``
+asks the node to shut down cleanly through the control API (checkpoints are written), then terminates, then
+kills, each step bounded.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ log = logging.getLogger(__name__)
 
 ALREADY_RUNNING_EXIT = 2
 BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 60.0)
+EXTERNAL_CHECK_S = 10.0
 LOG_KEEP = 3
 LOG_ROTATE_BYTES = 2 * 2**20
 
@@ -62,6 +64,7 @@ class NodeSupervisor(QObject):
         log_path: Path,
         *,
         request_shutdown: Callable[[], None] | None = None,
+        node_reachable: Callable[[], bool] | None = None,
         backoff_s: tuple[float, ...] = BACKOFF_S,
         give_up_after: int = 5,
         stable_s: float = 300.0,
@@ -73,6 +76,7 @@ class NodeSupervisor(QObject):
         self.command = command
         self.log_path = log_path
         self.request_shutdown = request_shutdown
+        self.node_reachable = node_reachable
         self.backoff_s = backoff_s
         self.give_up_after = give_up_after
         self.stable_s = stable_s
@@ -90,6 +94,8 @@ class NodeSupervisor(QObject):
         self._retry.timeout.connect(self._spawn)
         self._escalate = QTimer(self, singleShot=True)
         self._escalate.timeout.connect(self._on_escalate)
+        self._external = QTimer(self, interval=int(EXTERNAL_CHECK_S * 1000))
+        self._external.timeout.connect(self._check_external)
         self._on_stopped: list[Callable[[], None]] = []
         self._escalation = 0
 
@@ -158,8 +164,16 @@ class NodeSupervisor(QObject):
             return
         if code == ALREADY_RUNNING_EXIT and not crashed:
             self._set("external", "Another copy of the contribution engine is already running; using it.")
+            self._external.start()
             return
         self._after_exit(code, "crashed" if crashed else f"stopped with exit code {code}")
+
+    def _check_external(self) -> None:
+        if self._stopping or self.state != "external":
+            self._external.stop()
+        elif self.node_reachable is not None and not self.node_reachable():
+            self._external.stop()
+            self._spawn()
 
     def _after_exit(self, code: int, what: str) -> None:
         if self._stopping:
@@ -182,6 +196,7 @@ class NodeSupervisor(QObject):
         """Clean stop, bounded: shutdown through the control API, then terminate, then kill."""
         self._stopping = True
         self._retry.stop()
+        self._external.stop()
         proc = self._proc
         if proc is None or proc.state() == QProcess.ProcessState.NotRunning:
             self._set("stopped", "The contribution engine is not running.")

@@ -27,9 +27,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from lah.demo import run_demo
 from engine.p2p import Peer, RemoteError
 from engine.trainer import Trainer, TrainerConfig, load_digits_split, local_model
+from lah.demo import run_demo
 
 
 class FaultyPeer:

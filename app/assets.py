@@ -6,6 +6,7 @@ PyInstaller unpacks data files under ``sys._MEIPASS``; the installer spec puts `
 from __future__ import annotations
 
 import sys
+from functools import cache
 from pathlib import Path
 
 from PySide6.QtGui import QIcon
@@ -18,8 +19,10 @@ def assets_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "assets"
 
 
+@cache
 def icon(name: str) -> QIcon:
-    """An SVG icon (``assets/icons/<name>.svg``): Qt renders it crisp at every size and device ratio."""
+    """An SVG icon (``assets/icons/<name>.svg``): Qt renders it crisp at every size and device ratio.
+    Cached: the tray asks for its icon on every status update."""
     path = assets_dir() / "icons" / f"{name}.svg"
     if not path.is_file():
         raise FileNotFoundError(f"icon {name!r} is missing from {path.parent}")

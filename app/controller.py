@@ -110,6 +110,7 @@ class AppController(QObject):
         self._unreachable_since: float | None = None
         self._told_unreachable = False
         self._quitting = False
+        self._rendered = False
         self.notifications: list[tuple[str, str]] = []  # (title, text), newest last: for tests and the log
         self._build_surface()
 
@@ -308,7 +309,9 @@ class AppController(QObject):
             self._supervisor_text(),
             self.link.connected,
         )
-        self.view = view
+        if view == self.view and self._rendered:
+            return  # most status updates change counters, not what the tray shows
+        self.view, self._rendered = view, True
         self.actions.status_line.setText(view.headline)
         self.actions.set_paused(view.paused)
         if self.tray is not None:

@@ -2,25 +2,19 @@
 ``lah pause``, ``lah resume``, ``lah snooze MINUTES``), ``lah coordinator``, ``lah demo`` and
 ``lah demo-transport``.
 
-Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it).
+Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it). Each
+subcommand imports what it needs when it runs: ``lah app`` must not load torch or aiortc, which only
+its node child uses.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
 import sys
-import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-
-import torch
-
-from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer, eventloop
-from engine.p2p.aiortc_patches import pin_host_addresses
-from engine.wire import Compression, Kind, Message
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +61,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         from app.main import main as app_main  # Qt is imported only by the app
 
         return app_main(coordinator=args.coordinator, demo=args.demo)
+    from engine.p2p import eventloop  # every other command runs the engine's event loop
+    from engine.p2p.aiortc_patches import pin_host_addresses
+
     if args.command == "demo-transport":
+        from .demo_transport import demo_transport
+
         eventloop.run(demo_transport(args.mib))
     elif args.command == "demo":
         from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
@@ -100,88 +99,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         minutes = getattr(args, "minutes", 0.0)
         return eventloop.run(run_client(args.command, minutes=minutes, follow=getattr(args, "follow", False)))
     return 0
-
-
-def _demo_handlers() -> Handlers:
-    handlers = Handlers()
-
-    async def scale(msg: Message, ctx: CallContext) -> Message:
-        factor = float(msg.fields.get("factor", 1.0))
-        return Message(
-            Kind.RESPONSE,
-            0,
-            fields={"elements": sum(t.numel() for t in msg.tensors)},
-            tensors=[t * factor for t in msg.tensors[:1]] if msg.fields.get("echo") else [],
-        )
-
-    async def countdown(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
-        for i in range(int(msg.fields["n"]), 0, -1):
-            yield Message(Kind.STREAM, 0, fields={"left": i}, tensors=[torch.full((4,), float(i))])
-
-    handlers.add_unary("scale", scale)
-    handlers.add_stream("countdown", countdown)
-    return handlers
-
-
-async def demo_transport(mib: int) -> None:
-    from coordinator.app import start
-
-    pin_host_addresses(["127.0.0.1"])  # the demo stays on this machine
-    coordinator = await start("127.0.0.1", 0)
-
-    def say(text: str) -> None:
-        print(text, flush=True)
-
-    say(f"coordinator: signaling at {coordinator.signaling_url} (event loop: {eventloop.loop_name()})")
-    alice = Peer(
-        Identity.generate(), coordinator.signaling_url, handlers=_demo_handlers(), config=LinkConfig()
-    )
-    bob = Peer(Identity.generate(), coordinator.signaling_url, handlers=_demo_handlers(), config=LinkConfig())
-    await alice.start()
-    await bob.start()
-    say(f"alice is {alice.peer_id[:12]}…, bob is {bob.peer_id[:12]}… (ids are hashes of their Ed25519 keys)")
-    try:
-        t0 = time.perf_counter()
-        link = await alice.connect(bob.peer_id)
-        say(
-            f"alice → bob: WebRTC link up in {(time.perf_counter() - t0) * 1000:.0f} ms "
-            f"(signed offer/answer via the coordinator, DTLS fingerprint checked), "
-            f"max frame {link.rpc.channel.max_frame // 1024} KiB"
-        )
-        x = torch.randn(1024, 1024)
-        reply = await alice.call(bob.peer_id, "scale", {"factor": 2.0, "echo": True}, [x], timeout=30)
-        ok = torch.allclose(reply.tensors[0], 2 * x)
-        say(f"call: 4 MiB tensor to bob and back doubled: {'correct' if ok else 'WRONG'}")
-        items = [m.fields["left"] async for m in alice.stream(bob.peer_id, "countdown", {"n": 5}, timeout=30)]
-        say(f"stream: bob counted down {items}")
-        for name, compression in (("raw float32", Compression.NONE), ("8-bit blockwise", Compression.INT8)):
-            sent_before = link.rpc.channel.bytes_sent
-            calls = max(1, mib // 4)
-            t0 = time.perf_counter()
-            gate = asyncio.Semaphore(4)
-
-            async def one(c: Compression = compression, gate: asyncio.Semaphore = gate) -> None:
-                async with gate:
-                    await alice.call(bob.peer_id, "scale", {}, [x], timeout=120, compression=c)
-
-            await asyncio.gather(*(one() for _ in range(calls)))
-            elapsed = time.perf_counter() - t0
-            wire = link.rpc.channel.bytes_sent - sent_before
-            rate = calls * 4 * 1.048576 / elapsed
-            say(
-                f"bulk {name}: {calls * 4} MiB of float32 in {elapsed:.2f} s = {rate:.1f} MB/s, "
-                f"{wire / 2**20:.1f} MiB on the wire (both peers share one process here; "
-                "benchmarks/transport.py measures two)"
-            )
-        say(
-            f"bob served {bob.links[alice.peer_id].rpc.calls_served} calls on one connection; "
-            f"coordinator relayed {coordinator.hub.stats.relayed} descriptions and no tensor bytes"
-        )
-    finally:
-        await alice.stop()
-        await bob.stop()
-        await coordinator.stop()
-    say("done")
 
 
 if __name__ == "__main__":

@@ -105,7 +105,7 @@ def test_the_node_is_the_same_program() -> None:
 def test_the_app_never_loads_torch_or_aiortc() -> None:
     """The app talks to the engine through the control API only; torch would cost it ~250 MiB."""
     code = (
-        "import sys, app.controller, app.main, app.wizard, app.settings_window, app.status_window;"
+        "import sys, lah.cli, app.controller, app.main, app.wizard, app.settings_window, app.status_window;"
         "print(sorted(m for m in ('torch', 'aiortc', 'engine.node.volunteer') if m in sys.modules))"
     )
     out = subprocess.run(

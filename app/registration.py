@@ -11,7 +11,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.node import CoordinatorApi, CoordinatorError, CoordinatorUnreachable, FileTokenStore
+from engine.node import CoordinatorError, CoordinatorUnreachable, FileTokenStore
 from engine.node.tokens import Credentials, KeyringTokenStore, default_token_store
 
 from .errors import RegistrationError
@@ -72,6 +72,8 @@ async def register(
     coordinator_url: str, name: str, team: str, data_dir: Path, *, timeout: float = 15.0
 ) -> tuple[Credentials, TokenPlace]:
     """Create the account and keep its token. Raises RegistrationError with a sentence for the volunteer."""
+    from engine.node.coordinator_api import CoordinatorApi  # aiohttp: loaded for the first run only
+
     api = CoordinatorApi(token_key(coordinator_url), timeout=timeout)
     try:
         credentials = await api.register(name, team or None)

@@ -25,14 +25,17 @@ Exceptions::
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-# Light modules load at once; those that load torch, aiortc and the DHT load on first use, so the tray
-# app can use the coordinator API and the token stores in a process that never imports torch.
-from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
+# Light modules load at once; those that load torch, aiortc, the DHT or aiohttp load on first use, so
+# the tray app can use the token stores in a process that never imports torch (nor aiohttp, ~26 MiB,
+# after its first run).
 from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
 from .lock import InstanceLock
 from .tokens import Credentials, FileTokenStore, KeyringTokenStore, MemoryTokenStore, TokenStore
 
 _LAZY = {
+    "AssignedExpert": "coordinator_api",
+    "Assignment": "coordinator_api",
+    "CoordinatorApi": "coordinator_api",
     "UNAVAILABLE": "gate",
     "WorkGate": "gate",
     "Hosting": "hosting",
@@ -45,6 +48,7 @@ _LAZY = {
 }
 
 if TYPE_CHECKING:
+    from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
     from .gate import UNAVAILABLE, WorkGate
     from .hosting import Hosting
     from .join import join_local

@@ -276,7 +276,7 @@ class AppController(QObject):
 
     def _on_status(self, status: dict[str, Any]) -> None:
         self.status = status
-        self.activity.add(status, time.monotonic())
+        new_point = self.activity.add(status, time.monotonic()) is not None
         credit = status.get("credit")
         if isinstance(credit, int | float):
             crossed = milestone_crossed(self.config.credit_milestone, float(credit))
@@ -285,7 +285,7 @@ class AppController(QObject):
                 self._save_config(msgspec.structs.replace(self.config, credit_milestone=crossed), quiet=True)
         self._watch_unreachable(status)
         if self.status_window is not None:
-            self.status_window.show_status(status)
+            self.status_window.show_status(status, new_point)
         self._render()
 
     def _watch_unreachable(self, status: dict[str, Any]) -> None:

@@ -75,7 +75,9 @@ class StatusWindow(QWidget):
         self.headline.setText(view.headline)
         self.reason.setText(view.reason)
 
-    def show_status(self, status: dict[str, Any]) -> None:
+    def show_status(self, status: dict[str, Any], new_point: bool = True) -> None:
+        """``new_point``: whether the chart has a point to add (at most every two seconds); the
+        numbers change with every update, the chart need not be redrawn for each."""
         f = self.fields
         experts = status.get("experts") or []
         f["experts"].setText(
@@ -101,7 +103,7 @@ class StatusWindow(QWidget):
         kwh = status.get("energy_kwh")
         f["energy"].setText("-" if kwh is None else f"{kwh * 1000:.1f} Wh (estimate)")
         f["device"].setText(str(status.get("device", "-")))
-        if self.isVisible():
+        if new_point and self.isVisible():
             self.redraw()
 
     def redraw(self) -> None:

@@ -15,7 +15,6 @@ MiB, GUI stall < 50 ms. The last line printed is one JSON object.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import signal
@@ -33,8 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
-from engine.control import ConnectionInfo, ControlClient
+from engine.control import ConnectionInfo
 from engine.moe import LoopThread
+from lah.demo_app import user_folders
+from tests.app.helpers import node_state
 from tests.ui.xscreen import XScreen
 
 BARE_TRAY = """
@@ -70,17 +71,6 @@ def summary(values: list[float]) -> dict[str, float]:
     return {"median": round(statistics.median(values), 3), "spread": round(max(values) - min(values), 3)}
 
 
-def node_state(control: Path) -> str | None:
-    async def ask() -> str | None:
-        try:
-            async with ControlClient(control, timeout=5) as client:
-                return str((await client.status())["state"])
-        except Exception:
-            return None
-
-    return asyncio.run(ask())
-
-
 def wait_for(what: str, probe: Any, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -94,17 +84,7 @@ def user_env(base: dict[str, str], root: Path, coordinator_url: str) -> dict[str
     from app.config import AppConfig, save_config
     from engine.resources import Settings, save_settings
 
-    env = dict(base)
-    for var, sub in (
-        ("XDG_CONFIG_HOME", "config"),
-        ("XDG_DATA_HOME", "data"),
-        ("XDG_STATE_HOME", "state"),
-        ("XDG_CACHE_HOME", "cache"),
-        ("XDG_RUNTIME_DIR", "run"),
-    ):
-        (root / sub).mkdir(parents=True, exist_ok=True, mode=0o700)
-        env[var] = str(root / sub)
-    env["LAH_HOST_ADDRESSES"] = "127.0.0.1"
+    env = {**base, **user_folders(root), "LAH_HOST_ADDRESSES": "127.0.0.1"}
     env["PYTHON_KEYRING_BACKEND"] = "keyring.backends.fail.Keyring"
     config = root / "config" / "learning-at-home"
     save_config(
@@ -174,6 +154,7 @@ def main() -> None:
         rss_open = rss_mib(app.pid)
         app.send_signal(signal.SIGTERM)
         app.wait(60)
+        wait_for("the first app's node to be gone", lambda: not control.exists(), 60)
 
         print(
             "GUI stalls: node killed and restarted, coordinator down and back, status window open", flush=True
@@ -184,6 +165,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "lah", "app"], env=env, timeout=60, capture_output=True)
         screen.wait_for_window("Learning@home: status", timeout=30)
         time.sleep(3)
+        wait_for("the node to run", lambda: node_state(control) == "running", 120)
         began = time.time()
         os.kill(ConnectionInfo.read(control).pid, signal.SIGKILL)
         time.sleep(1)

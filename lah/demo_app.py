@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 
-def app_environment(folder: Path) -> dict[str, str]:
-    env = dict(os.environ)
+def user_folders(root: Path) -> dict[str, str]:
+    """XDG variables that give a user of their own under ``root`` (config, data, logs, runtime; 0700)."""
+    env = {}
     for var, sub in (
         ("XDG_CONFIG_HOME", "config"),
         ("XDG_DATA_HOME", "data"),
@@ -19,11 +20,15 @@ def app_environment(folder: Path) -> dict[str, str]:
         ("XDG_CACHE_HOME", "cache"),
         ("XDG_RUNTIME_DIR", "run"),
     ):
-        path = folder / sub
+        path = root / sub
         path.mkdir(parents=True, exist_ok=True, mode=0o700)
         env[var] = str(path)
-    env["LAH_HOST_ADDRESSES"] = "127.0.0.1"  # its node talks to the demo's volunteers on loopback only
     return env
+
+
+def app_environment(folder: Path) -> dict[str, str]:
+    # its node talks to the demo's volunteers on loopback only
+    return {**os.environ, **user_folders(folder), "LAH_HOST_ADDRESSES": "127.0.0.1"}
 
 
 def launch_app(coordinator_url: str, folder: Path) -> subprocess.Popen[bytes]:

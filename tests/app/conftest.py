@@ -19,6 +19,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes 
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from engine.moe import LoopThread
+from lah.demo_app import user_folders
 from tests.ui.conftest import xscreen, xscreen_no_tray  # noqa: F401 (the real X screen's fixtures)
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], hyperparams={"d_model": 16, "hidden": 32})
@@ -40,16 +41,8 @@ class Coordinator:
 @pytest.fixture
 def app_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Private user folders for the app and its node, loopback only, no keyring (the file fallback)."""
-    for var, sub in (
-        ("XDG_CONFIG_HOME", "config"),
-        ("XDG_DATA_HOME", "data"),
-        ("XDG_STATE_HOME", "state"),
-        ("XDG_CACHE_HOME", "cache"),
-        ("XDG_RUNTIME_DIR", "run"),
-    ):
-        path = tmp_path / sub
-        path.mkdir(mode=0o700)
-        monkeypatch.setenv(var, str(path))
+    for var, path in user_folders(tmp_path).items():
+        monkeypatch.setenv(var, path)
     monkeypatch.setenv("LAH_HOST_ADDRESSES", "127.0.0.1")
     monkeypatch.setenv("PYTHON_KEYRING_BACKEND", "keyring.backends.fail.Keyring")
     monkeypatch.delenv("DISPLAY", raising=False)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import socket
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 from app.config import AppConfig, save_config
 from app.controller import AppPaths
+from engine.control import ControlClient
 from engine.resources import Settings, save_settings
 
 
@@ -24,6 +26,19 @@ def consented(coordinator_url: str, name: str = "Bo", **settings: object) -> App
     limits = {"use_gpu": False, "only_when_idle": False, "pause_when_other_cpu_percent": 0, **settings}
     save_settings(Settings(**limits), paths.settings)  # type: ignore[arg-type]
     return paths
+
+
+def node_state(control: Path | None = None) -> str | None:
+    """The running node's state through its control API (``None``: no node answers)."""
+
+    async def ask() -> str | None:
+        try:
+            async with ControlClient(control, timeout=5) as client:
+                return str((await client.status())["state"])
+        except Exception:
+            return None
+
+    return asyncio.run(ask())
 
 
 def free_port() -> int:

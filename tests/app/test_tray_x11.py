@@ -7,7 +7,6 @@ The menu screenshot is kept in docs/screenshots/ for the README.
 
 from __future__ import annotations
 
-import asyncio
 import subprocess
 import sys
 import time
@@ -17,24 +16,12 @@ from typing import Any
 from PySide6.QtCore import QRect
 from PySide6.QtGui import QColor, QImage
 
-from engine.control import ControlClient
 from tests.ui.xscreen import WindowInfo, XScreen
 
 from .conftest import Coordinator
-from .helpers import consented
+from .helpers import consented, node_state
 
 SHOTS = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
-
-
-def node_state() -> str | None:
-    async def ask() -> str | None:
-        try:
-            async with ControlClient(timeout=5) as client:
-                return str((await client.status())["state"])
-        except Exception:
-            return None
-
-    return asyncio.run(ask())
 
 
 def wait(what: str, probe: Any, timeout: float) -> Any:

@@ -57,6 +57,8 @@ def no_display_message() -> str | None:
 
 
 def main() -> int:
+    if not any(os.environ.get(v) for v in ("LC_ALL", "LC_CTYPE", "LANG")):
+        os.environ["LC_CTYPE"] = "C.UTF-8"  # what Python itself coerces to; Qt warns about plain "C"
     args = route(sys.argv[1:])
     if args and args[0] == "self-test":
         from lah.selftest import main as self_test  # imports nothing heavy before its own checks

@@ -56,14 +56,37 @@ def no_display_message() -> str | None:
     )
 
 
+def windows_console(cmd: str | None) -> None:
+    """Give a windowed Windows executable (no console: the tray app) somewhere to print.
+
+    In a terminal the subcommands print there (the parent's console); the Start menu's self-test gets a
+    console of its own; anything else, such as the node the app starts, writes to nowhere, quietly."""
+    if sys.platform != "win32" or sys.stdout is not None:
+        return
+    import ctypes
+
+    kernel32 = ctypes.WinDLL("kernel32")
+    attached = bool(kernel32.AttachConsole(-1))  # ATTACH_PARENT_PROCESS
+    if not attached and cmd == "self-test":
+        attached = bool(kernel32.AllocConsole())
+        os.environ["LAH_SELF_TEST_PAUSE"] = "1"
+    target = "CONOUT$" if attached else os.devnull
+    sys.stdout = open(target, "w", encoding="utf-8", errors="replace")  # noqa: SIM115 (for the process)
+    sys.stderr = open(target, "w", encoding="utf-8", errors="replace")  # noqa: SIM115
+
+
 def main() -> int:
     if not any(os.environ.get(v) for v in ("LC_ALL", "LC_CTYPE", "LANG")):
         os.environ["LC_CTYPE"] = "C.UTF-8"  # what Python itself coerces to; Qt warns about plain "C"
     args = route(sys.argv[1:])
+    windows_console(command(args))
     if args and args[0] == "self-test":
         from lah.selftest import main as self_test  # imports nothing heavy before its own checks
 
-        return self_test(args[1:])
+        status = self_test(args[1:])
+        if os.environ.get("LAH_SELF_TEST_PAUSE"):  # its own console closes when the process ends
+            input("Press Enter to close this window.")
+        return status
     if command(args) == "app":
         message = no_display_message()
         if message is not None:

@@ -120,12 +120,13 @@ def parse_version(text: str) -> tuple[tuple[int, ...], tuple[int, int]]:
     return release, pre
 
 
-def platform_key(deb: bool = False) -> str:
+def platform_key(deb: bool = False, variant: str = "") -> str:
     """This machine's download key: ``linux-x86_64`` (``-deb`` for the package), ``windows-x86_64``,
-    ``macos-arm64``."""
+    ``macos-arm64``; ``variant`` (e.g. ``cuda``) for the GPU builds: ``linux-x86_64-cuda-deb``."""
     system = {"win32": "windows", "darwin": "macos"}.get(sys.platform, "linux")
     machine = platform.machine().lower().replace("amd64", "x86_64").replace("aarch64", "arm64")
-    return f"{system}-{machine}" + ("-deb" if deb and system == "linux" else "")
+    key = f"{system}-{machine}" + (f"-{variant}" if variant else "")
+    return key + ("-deb" if deb and system == "linux" else "")
 
 
 def _b64(value: Any, what: str) -> bytes:

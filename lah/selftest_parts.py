@@ -89,10 +89,13 @@ def describe_torch() -> TorchInfo:
         note = ""
     else:
         name = platform.processor() or platform.machine()
-        note = (
-            ": this build has no GPU support, experts run on the CPU" if build == "CPU"
-            else ": no usable GPU found, experts run on the CPU"
-        )
+        mps = getattr(torch.backends, "mps", None)
+        if mps is not None and mps.is_available():
+            note = ": an Apple GPU (MPS) is present, but experts run on the CPU (the engine uses CUDA or CPU)"
+        elif build == "CPU":
+            note = ": this build has no GPU support, experts run on the CPU"
+        else:
+            note = ": no usable GPU found, experts run on the CPU"
     return TorchInfo(torch.__version__, build, str(device), name, note)
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from lah import __version__
 from lah.resources import bundle_dir, frozen
-from lah.selftest_parts import PARTS_AFTER_BUNDLE, PartFailed, TorchInfo, describe_torch
+from lah.selftest_parts import PARTS_AFTER_BUNDLE, PartFailed, TorchInfo, describe_error, describe_torch
 
 __all__ = [
     "PARTS", "PartResult", "TorchInfo", "add_arguments", "check_bundle", "describe_torch", "main", "run",
@@ -79,13 +79,6 @@ Part = Callable[[], str]
 PARTS: dict[str, Part] = {"bundle": check_bundle, **PARTS_AFTER_BUNDLE}
 
 
-def _describe(e: BaseException) -> str:
-    if isinstance(e, PartFailed):
-        return str(e)
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0] if text else repr(e)}"
-
-
 def _run_one(name: str, fn: Part, timeout: float, say: Callable[[str], None]) -> PartResult:
     """Run one part on the main thread (Qt and asyncio want it) under a watchdog: a part that hangs (a
     D-Bus keyring, a stuck socket) is reported by name and the process ends with status 1."""
@@ -104,7 +97,7 @@ def _run_one(name: str, fn: Part, timeout: float, say: Callable[[str], None]) ->
     except BaseException as e:  # a part's failure is data here, whatever it is
         if isinstance(e, KeyboardInterrupt):
             raise
-        return PartResult(name, False, _describe(e), time.perf_counter() - t0)
+        return PartResult(name, False, describe_error(e), time.perf_counter() - t0)
     finally:
         watchdog.cancel()
     return PartResult(name, True, detail, time.perf_counter() - t0, skipped=detail.startswith("skipped"))

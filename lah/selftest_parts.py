@@ -20,11 +20,24 @@ from typing import Any
 
 from lah.resources import assets_dir
 
-__all__ = ["PARTS_AFTER_BUNDLE", "PartFailed", "TorchInfo", "describe_torch"]
+__all__ = ["PARTS_AFTER_BUNDLE", "PartFailed", "TorchInfo", "describe_error", "describe_torch"]
 
 
 class PartFailed(Exception):
     """A part found a problem it can say in one sentence (no traceback wanted)."""
+
+
+def describe_error(e: BaseException) -> str:
+    """One line for an exception: its root cause's type and first line (numpy, for one, wraps a
+    library that fails to load in an ImportError whose own first line is only a banner)."""
+    if isinstance(e, PartFailed):
+        return str(e)
+    root, seen = e, {id(e)}
+    while root.__cause__ is not None and id(root.__cause__) not in seen:
+        root = root.__cause__
+        seen.add(id(root))
+    lines = [line.strip() for line in str(root).splitlines() if line.strip()]
+    return f"{type(root).__name__}: {lines[0] if lines else repr(root)}"
 
 
 #: Every third-party package the program imports (the demo's sklearn too), then the project's packages.
@@ -48,8 +61,7 @@ def check_imports() -> str:
         try:
             importlib.import_module(name)
         except BaseException as e:  # an import can fail any way a damaged file lets it
-            first = (str(e).strip().splitlines() or [repr(e)])[0]
-            failed.append(f"{name} ({type(e).__name__}: {first})")
+            failed.append(f"{name} ({describe_error(e)})")
     if failed:
         raise PartFailed(f"{len(failed)} of {len(DEPENDENCIES)} failed to import: {'; '.join(failed)}")
     import av

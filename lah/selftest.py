@@ -145,15 +145,17 @@ def run(args: argparse.Namespace) -> int:
 
     chosen = {name: PARTS[name] for name in (args.part or PARTS)}
     results = run_parts(chosen, say=say, timeout=args.timeout)
-    failed = [r.part for r in results if not r.ok]
+    failed = [r.part for r in results if not r.ok and not r.skipped]
+    skipped = [r.part for r in results if not r.ok and r.skipped]
     elapsed = time.perf_counter() - t0
     if failed:
-        say(f"self-test FAILED: {', '.join(failed)} ({elapsed:.1f} s)")
+        more = f"; {len(skipped)} part(s) not run" if skipped else ""
+        say(f"self-test FAILED: {', '.join(failed)}{more} ({elapsed:.1f} s)")
     else:
         say(f"self-test passed: {len(results)} parts in {elapsed:.1f} s")
     if args.json:
         say(json.dumps({"ok": not failed, "failed": failed, "parts": [asdict(r) for r in results]}))
-    return 1 if failed else 0
+    return 1 if failed or skipped else 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -22,6 +22,7 @@ MIB = 1 << 20
 RULES: list[tuple[str, list[str]]] = [
     ("PyAV and FFmpeg, replaced by the stand-in (installers/stubs/av)", [
         "av/*", "av.libs/*", "*-????????.so*",  # auditwheel's hashed names: FFmpeg's own libraries
+        "libmvec.so*",  # glibc's vector maths, linked by libx265 only
     ]),
     ("torch: C++ test binaries, headers, CMake files, test libraries", [
         "torch/test/*", "torch/bin/*", "torch/include/*", "torch/share/*", "torch/lib/*test*",
@@ -29,13 +30,11 @@ RULES: list[tuple[str, list[str]]] = [
     ]),
     ("torch: ONNX exporter, TensorBoard (module excludes)", ["torch/onnx/*", "torch/utils/tensorboard/*"]),
     ("Qt: translations", ["PySide6/Qt/translations/*"]),
-    ("Qt: unused modules (QML, Quick, PDF, SQL, Test, Designer, UiTools, Xml, Help, PrintSupport)", [
-        "PySide6/Qt*.so", "PySide6/Qt/lib/*", "PySide6/Qt/qml/*", "PySide6/Qt/plugins/imageformats/libqpdf*",
-        "PySide6/Qt/plugins/sqldrivers/*", "PySide6/Qt/plugins/qmltooling/*", "PySide6/Qt/plugins/designer/*",
-        "PySide6/Qt/plugins/printsupport/*", "PySide6/Qt/plugins/scenegraph/*", "PySide6/Qt/plugins/qml*",
-    ]),
     ("Qt: unused plugins (TLS, network information, input, themes, VNC/minimal/Vulkan platforms)", [
         "PySide6/Qt/plugins/*",
+    ]),
+    ("Qt: unused modules (QML, Quick, PDF, SQL, Test, Designer, UiTools, Xml, Help, PrintSupport)", [
+        "PySide6/Qt/lib/*", "PySide6/Qt/qml/*", "PySide6/Qt[A-Z]*.so",  # after the plugins: * spans "/"
     ]),
     ("the build machine's GTK stack (linked only by Qt's GTK theme plugin)", [
         f"{lib}*" for lib in (

@@ -1,4 +1,4 @@
-; Inno Setup 6 script: a per-user install of the one-folder bundle, no administrator rights needed.
+; Inno Setup 6.3+ script: a per-user install of the one-folder bundle, no administrator rights needed.
 ;
 ;   iscc /DAppVersion=0.2.0 /DBundleDir=..\..\dist\learning-at-home installers\windows\learning-at-home.iss
 ;

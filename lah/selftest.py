@@ -11,6 +11,8 @@ Parts, in order; each prints one line, and a failure names its part and the caus
                  them, a tensor sent through it and back
     keyring      the OS keyring (read-only probe) or, where there is none, the 0600 token file fallback
     coordinator  the database migrations to head on a temporary SQLite file; the site's templates load
+    processes    a spawned worker process answers (the coordinator's receipt verifiers; in a bundle the
+                 child is the same executable)
     app          Qt (offscreen where there is no display): the app's icon renders from assets/; says
                  whether there is a display and a system tray, and what the program does without them
 

@@ -240,6 +240,24 @@ def check_coordinator() -> str:
     return f"migrations to head on SQLite; {len(names)} site templates load"
 
 
+def _in_child(x: int) -> tuple[int, int]:
+    return os.getpid(), x * x
+
+
+def check_processes() -> str:
+    """A spawned worker (the coordinator verifies large receipt batches that way): in a bundle the child
+    is this same executable, which must hand over to multiprocessing (entry.py's freeze_support)."""
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
+        pid, value = pool.submit(_in_child, 7).result(timeout=60)
+    if value != 49 or pid == os.getpid():
+        raise PartFailed(f"the spawned worker answered {value} from pid {pid}")
+    return "a spawned worker process answers (how the coordinator checks large receipt batches)"
+
+
 def _display() -> str | None:
     if not sys.platform.startswith("linux"):
         return "desktop"
@@ -290,5 +308,6 @@ PARTS_AFTER_BUNDLE: dict[str, Callable[[], str]] = {
     "webrtc": check_webrtc,
     "keyring": check_keyring,
     "coordinator": check_coordinator,
+    "processes": check_processes,
     "app": check_app,
 }

@@ -108,6 +108,6 @@ def test_the_whole_self_test_passes_from_source(tmp_path: Path) -> None:
         env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    for part in ("imports", "compute", "webrtc", "keyring", "coordinator", "app"):
+    for part in ("imports", "compute", "webrtc", "keyring", "coordinator", "processes", "app"):
         assert f"ok    {part}" in done.stdout
     assert "skip  bundle" in done.stdout and "Traceback" not in done.stderr

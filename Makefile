@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean
+.PHONY: run test check bench clean installer
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -30,5 +30,10 @@ check: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/transport.py --quick
 
+# The Linux bundle, .tar.gz and .deb in dist/ (installers/README.md); installers/ci-check tests them.
+installer: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[installer]'
+	installers/build-linux
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) build dist

@@ -4,6 +4,15 @@
 engine's public API and nothing of each other. What wires them into one program lives here, above all
 three::
 
-    cli      ``lah``: subcommands for the app, the node and its controls, the coordinator, the demos
-    demo     ``lah demo``: coordinator, volunteers and a trainer on loopback (optionally the tray app too)
+    cli        ``lah``: subcommands for the app, the node and its controls, the coordinator, the demos
+    demo       ``lah demo``: coordinator, volunteers and a trainer on loopback (optionally the tray app too)
+    selftest   ``lah self-test`` / ``learning-at-home --self-test``: does this installation work?
+    resources  where read-only files (``assets/``) are, in a checkout and in a bundle
 """
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("learning-at-home")  # the bundle carries this metadata (installers/*.spec)
+except PackageNotFoundError:  # a checkout that was never installed
+    __version__ = "0+unknown"

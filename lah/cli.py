@@ -1,6 +1,6 @@
 """The ``lah`` command: ``lah app`` (the tray app), ``lah node`` and its controls (``lah status``,
-``lah pause``, ``lah resume``, ``lah snooze MINUTES``), ``lah coordinator``, ``lah demo`` and
-``lah demo-transport``.
+``lah pause``, ``lah resume``, ``lah snooze MINUTES``), ``lah coordinator``, ``lah demo``,
+``lah demo-transport`` and ``lah self-test``.
 
 Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it). Each
 subcommand imports what it needs when it runs: ``lah app`` must not load torch or aiortc, which only
@@ -53,10 +53,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds to keep the coordinator up after training (default: until Ctrl+C)",
     )
     dmoe.add_argument("--app", action="store_true", help="the tray app joins too (needs a display)")
+    from . import selftest  # light: each part imports what it tests
+
+    selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    if args.command == "self-test":
+        return selftest.run(args)
     if args.command == "app":
         from app.main import main as app_main  # Qt is imported only by the app
 

@@ -1,0 +1,5 @@
+from ..frame import Frame
+
+
+class AudioFrame(Frame):
+    pass

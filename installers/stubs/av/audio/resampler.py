@@ -1,0 +1,5 @@
+from .. import _Unavailable
+
+
+class AudioResampler(_Unavailable):
+    pass

@@ -1,0 +1,7 @@
+"""``av.frame.Frame`` stand-in (see the package docstring)."""
+
+from . import _Unavailable
+
+
+class Frame(_Unavailable):
+    pass

@@ -1,0 +1,5 @@
+from ..codec import CodecContext
+
+
+class VideoCodecContext(CodecContext):
+    pass

@@ -17,6 +17,7 @@ from pathlib import Path
 from engine.files import atomic_write
 
 ENTRY = "learning-at-home"
+RUN_VALUE = "Learning@home"  # the Windows Run value; the uninstaller (installers/windows) removes it
 MAC_LABEL = "org.learning-at-home.app"
 RUN_KEY = r"Software\Microsoft\Windows\CurrentVersion\Run"
 
@@ -70,15 +71,15 @@ def _windows_run_key(enabled: bool | None, command: list[str]) -> bool:
     with winreg.OpenKey(winreg.HKEY_CURRENT_USER, RUN_KEY, 0, access) as key:
         if enabled is None:
             try:
-                winreg.QueryValueEx(key, ENTRY)
+                winreg.QueryValueEx(key, RUN_VALUE)
                 return True
             except FileNotFoundError:
                 return False
         if enabled:
-            winreg.SetValueEx(key, ENTRY, 0, winreg.REG_SZ, windows_command_line(command))
+            winreg.SetValueEx(key, RUN_VALUE, 0, winreg.REG_SZ, windows_command_line(command))
         else:
             with contextlib.suppress(FileNotFoundError):
-                winreg.DeleteValue(key, ENTRY)
+                winreg.DeleteValue(key, RUN_VALUE)
         return enabled
 
 

@@ -38,6 +38,7 @@ from .node_link import NodeLink
 from .presentation import present
 from .registration import register, token_place
 from .supervisor import NodeSupervisor, node_command
+from .update_check import UpdateChecker
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,10 @@ class AppController(QObject):
         self._quitting = False
         self._rendered = False
         self.notifications: list[tuple[str, str]] = []  # (title, text), newest last: for tests and the log
+        self.updates = UpdateChecker(self.paths.data / "downloads", parent=self)
+        self.updates.available.connect(self._on_update_available)
+        self.updates.downloaded.connect(lambda path: QDesktopServices.openUrl(QUrl.fromLocalFile(path)))
+        self.updates.failed.connect(lambda why: self.notify("Update not downloaded", why))
         self._build_surface()
 
     # -- surfaces --------------------------------------------------------------------------------------
@@ -140,6 +145,8 @@ class AppController(QObject):
             self.start_node()
         else:
             self.show_wizard()
+        if not self.demo:
+            self.updates.start()
 
     def _show_window_once(self) -> None:
         if self.window is None:
@@ -344,6 +351,12 @@ class AppController(QObject):
             lambda: self._dialogs.append(show_about(None, self.config.coordinator_url, self.status))
         )
         a.quit.triggered.connect(self.quit)
+        a.update.triggered.connect(lambda: self.updates.download())
+
+    def _on_update_available(self, version: str, notes_url: str) -> None:
+        self.actions.update.setText(f"&Update to {version}…")
+        self.actions.update.setVisible(True)
+        self.notify("Update available", f"Learning@home {version} is ready. Choose “Update” in the menu.")
 
     def command(self, cmd: str, **args: Any) -> None:
         def done(result: Any, error: BaseException | None) -> None:

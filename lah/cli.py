@@ -56,12 +56,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from . import selftest  # light: each part imports what it tests
 
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
+    update = sub.add_parser("update", help="is there a newer signed release? (--download fetches it)")
+    update.add_argument("--download", type=Path, metavar="DIR", help="fetch this platform's file into DIR")
+    update.add_argument("--manifest-url", help=argparse.SUPPRESS)  # a mirror; the key stays built in
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
     if args.command == "self-test":
         return selftest.run(args)
+    if args.command == "update":
+        from . import update as update_command
+
+        return update_command.run(args)
     if args.command == "app":
         from app.main import main as app_main  # Qt is imported only by the app
 

@@ -86,7 +86,8 @@ async def test_volunteer_joins_and_is_assigned(tmp_path: Path) -> None:
                 assert host is not None and host.energy_kwh == 0.75
             r = await http.get("/api/me", headers=auth)
             me_data = await r.json()
-            assert me_data["credit"] == {"total": 0.0, "recent": 0.0, "rank": 1} and me_data["hosts"] == [me.peer_id]
+            assert me_data["credit"] == {"total": 0.0, "recent": 0.0, "rank": 1}
+            assert me_data["hosts"] == [me.peer_id]
             for path in ("/", "/leaderboard", "/swarm", "/api/leaderboard"):
                 r = await http.get(path)
                 assert r.status == 200, path

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean
+.PHONY: run test check bench mutation clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -27,6 +27,10 @@ check: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/transport.py --quick
+
+# Mutation testing of the node's guards (scripts/mutation.py, README.md); minutes, so not part of `test`.
+mutation: $(STAMP)
+	$(BIN)/python scripts/mutation.py
 
 clean:
 	rm -rf $(VENV)

@@ -115,6 +115,7 @@ def test_day_and_experiment_helpers_at_their_edges() -> None:
     assert day_of(0.0) == 0
     assert day_of(DAY_S - 0.001) == 0
     assert day_of(DAY_S) == 1
+    assert day_of(-1.0) == -1  # floored, not truncated: the day before the epoch is -1
     assert isinstance(day_of(DAY_S * 2.5), int)
     assert experiment_of("mnist.3.4") == "mnist"
     assert experiment_of("a b.c") == "a b"

@@ -240,3 +240,10 @@ def test_int8_above_2_21_elements_with_a_partial_last_block(dtype: torch.dtype) 
     assert scales == (t[:128].double().abs().view(2, 64).amax(dim=1) / 127).float().tolist()
     last_scale = np.frombuffer(bytes(payload)[4 * (n // 64) : 4 * (n // 64) + 4], dtype="<f4")
     assert last_scale.tolist() == [float(np.float32(t[-(n % 64) :].double().abs().max().item() / 127))]
+
+
+def test_limits_accept_1_and_refuse_zero_floats_and_bools() -> None:
+    assert Limits(max_ndim=1, max_tensors=1).max_ndim == 1
+    for bad in [0, -1, 1.5, True, "8"]:
+        with pytest.raises(ValueError, match="must be a positive int"):
+            Limits(max_ndim=bad)  # type: ignore[arg-type]

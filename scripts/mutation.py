@@ -73,7 +73,14 @@ def prepare(group: str, spec: dict[str, Any], project: dict[str, Any]) -> Path:
 
 
 def run_group(scratch: Path, globs: list[str], max_children: int) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "LAH_FUZZ_FRAMES": "10000",  # tests/unit/wire/test_wire_fuzz.py, once per mutant
+        "LAH_MUTATION_EXAMPLES": "50",  # property tests' examples (tests/mutation/fast_first.py)
+    }
     cmd = [str(MUTMUT), "run", "--max-children", str(max_children), *globs]
     with open(scratch / "mutmut.log", "w") as log:
         proc = subprocess.run(cmd, cwd=scratch, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -1,0 +1,162 @@
+"""RPC's bookkeeping: window credit given back on every path, counters, error shapes, the encode thread.
+
+Issue 17 (make mutation over engine/p2p/rpc.py): over an in-memory channel pair, no sockets.
+"""
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import torch
+
+from engine.p2p.errors import ConnectionLost, RemoteError, RpcCancelled, UnknownMethod
+from engine.p2p.rpc import (
+    THREAD_ENCODE_ELEMENTS,
+    CallContext,
+    Handlers,
+    RpcEndpoint,
+    _worth_a_thread,
+    error_message,
+    raise_remote,
+    reply_compression,
+)
+from engine.wire import Compression, Kind, Message, encode_message_bytes
+from tests.memchannel import channel_pair
+from tests.unit.test_rpc import endpoint
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.handlers = Handlers()
+        self.contexts: list[CallContext] = []
+        self.release = asyncio.Event()
+        self.handlers.add_unary("echo", self.echo)
+        self.handlers.add_unary("hold", self.hold)
+        self.handlers.add_stream("items", self.items)
+
+    async def echo(self, msg: Message, ctx: CallContext) -> Message:
+        self.contexts.append(ctx)
+        return Message(Kind.RESPONSE, 0, fields=dict(msg.fields), tensors=list(msg.tensors))
+
+    async def hold(self, msg: Message, ctx: CallContext) -> Message:
+        await self.release.wait()
+        return Message(Kind.RESPONSE, 0)
+
+    async def items(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        for i in range(int(msg.fields["n"])):
+            yield Message(Kind.STREAM, 0, fields={"i": i}, tensors=[torch.zeros(1000)])
+
+
+def make_pair() -> tuple[RpcEndpoint, RpcEndpoint, Recorder]:
+    a, b = channel_pair(max_message_size=16384)
+    recorder = Recorder()
+    return endpoint(a, Handlers(), "b"), endpoint(b, recorder.handlers, "a"), recorder
+
+
+async def settle(*ends: RpcEndpoint) -> None:
+    async with asyncio.timeout(5):
+        while any(e.channel.deframer.held for e in ends):
+            await asyncio.sleep(0.01)
+
+
+async def test_counters_and_the_context_handlers_see() -> None:
+    client, server, recorder = make_pair()
+    for n in range(3):
+        assert (await client.call("echo", {"n": n}, timeout=5)).fields == {"n": n}
+    assert (client.calls_made, server.calls_served) == (3, 3)
+    assert (client.calls_served, server.calls_made) == (0, 0)
+    assert [c.request_id for c in recorder.contexts] == [1, 2, 3]
+    assert {c.peer_id for c in recorder.contexts} == {"a" * 40}
+    got = [m async for m in client.stream("items", {"n": 2}, timeout=5)]
+    assert [m.kind for m in got] == [Kind.STREAM, Kind.STREAM]
+    assert client.calls_made == 4
+
+
+async def test_every_message_consumed_gives_its_credit_back() -> None:
+    client, server, _ = make_pair()
+    await client.call("echo", {"n": 1}, [torch.zeros(5000)], timeout=5)
+    assert [m.fields["i"] async for m in client.stream("items", {"n": 3}, timeout=5)] == [0, 1, 2]
+    await settle(client, server)
+    assert client.channel.deframer.held == server.channel.deframer.held == 0
+
+
+async def test_a_stream_left_early_gives_back_the_items_nobody_read() -> None:
+    client, server, _ = make_pair()
+    async for m in client.stream("items", {"n": 20}, timeout=5):
+        assert m.fields["i"] == 0
+        await asyncio.sleep(0.1)  # let the rest arrive and queue
+        break
+    await settle(client, server)
+    assert client.channel.deframer.held == 0
+
+
+async def test_a_late_answer_and_a_cancel_for_nothing_give_their_credit_back() -> None:
+    client, server, _ = make_pair()
+    with pytest.raises(TimeoutError):
+        await client.call("hold", timeout=0.1)
+    # Answer a call nobody waits for, and cancel a request nobody serves, by hand.
+    await client.channel.send(encode_message_pieces(Message(Kind.RESPONSE, 999)))
+    await server.channel.send(encode_message_pieces(Message(Kind.CANCEL, 12345)))
+    await settle(client, server)
+    assert client.channel.deframer.held == server.channel.deframer.held == 0
+
+
+def encode_message_pieces(msg: Message) -> list[bytes]:
+    return [encode_message_bytes(msg)]
+
+
+async def test_a_reused_request_id_drops_the_link() -> None:
+    client, server, _ = make_pair()
+    failures: list[BaseException] = []
+    server._user_failure = failures.append
+    pending = asyncio.ensure_future(client.call("hold", timeout=5))
+    await asyncio.sleep(0.05)
+    await client.channel.send(encode_message_pieces(Message(Kind.REQUEST, 1, "hold")))
+    with pytest.raises(ConnectionLost):
+        await pending
+    assert server.channel.error is not None and "reused while in flight" in str(server.channel.error)
+    assert len(failures) == 1
+
+
+async def test_close_fails_pending_calls_as_closed_locally() -> None:
+    client, _, _ = make_pair()
+    pending = asyncio.ensure_future(client.call("hold", timeout=5))
+    await asyncio.sleep(0.05)
+    client.close()
+    with pytest.raises(ConnectionLost, match="closed locally"):
+        await pending
+
+
+def test_error_message_shape_and_truncation() -> None:
+    msg = error_message(7, "bad_shape", "x" * 1500)
+    assert (msg.kind, msg.request_id) == (Kind.ERROR, 7)
+    assert msg.fields == {"code": "bad_shape", "message": "x" * 1000}
+
+
+def test_raise_remote_maps_codes_to_types() -> None:
+    with pytest.raises(UnknownMethod) as unknown:
+        raise_remote(error_message(1, "unknown_method", "no method 'x' here"))
+    assert (unknown.value.code, unknown.value.message) == ("unknown_method", "no method 'x' here")
+    with pytest.raises(RpcCancelled, match="gone"):
+        raise_remote(error_message(1, "cancelled", "gone"))
+    with pytest.raises(RemoteError) as plain:
+        raise_remote(Message(Kind.ERROR, 1))
+    assert type(plain.value) is RemoteError
+    assert (plain.value.code, plain.value.message) == ("internal", "")
+
+
+def test_encoding_moves_to_a_thread_only_for_big_compressed_messages() -> None:
+    big = Message(Kind.REQUEST, 1, tensors=[torch.zeros(THREAD_ENCODE_ELEMENTS // 2)] * 2)
+    half = THREAD_ENCODE_ELEMENTS // 2
+    small = Message(Kind.REQUEST, 1, tensors=[torch.zeros(half), torch.zeros(half - 1)])
+    assert THREAD_ENCODE_ELEMENTS == 1 << 18
+    assert _worth_a_thread(big, Compression.INT8)
+    assert not _worth_a_thread(small, Compression.INT8)
+    assert not _worth_a_thread(big, Compression.NONE)
+    assert not _worth_a_thread(big, [Compression.NONE, Compression.NONE])
+    assert _worth_a_thread(big, [Compression.NONE, Compression.FLOAT16])
+
+
+def test_reply_compression_is_the_handlers_choice() -> None:
+    msg = Message(Kind.RESPONSE, 1, compression=Compression.FLOAT16)
+    assert reply_compression(msg) == Compression.FLOAT16

@@ -5,6 +5,8 @@ Issue 17's findings 2-5: each test is named after what a broken decoder or codec
 
 from __future__ import annotations
 
+import warnings
+
 import msgspec
 import numpy as np
 import pytest
@@ -163,8 +165,25 @@ def test_bool_payload_without_a_zero_byte_decodes_to_0_and_1() -> None:
     out = decode(TensorMeta("bool", (2,), 0, 2), b"\x02\x03")
     assert out.tolist() == [True, True]
     assert out.view(torch.uint8).tolist() == [1, 1]
-    out = decode(TensorMeta("bool", (3,), 0, 3), b"\x01\x00\x01")
-    assert out.view(torch.uint8).tolist() == [1, 0, 1]
+    out = decode(TensorMeta("bool", (2,), 0, 2), b"\x02\x01")
+    assert out.view(torch.uint8).tolist() == [1, 1]
+
+
+def test_bool_payload_of_0_and_1_is_decoded_without_a_copy() -> None:
+    buf = bytearray(b"\x01\x00\x01")
+    out = decode_tensor(TensorMeta("bool", (3,), 0, 3), memoryview(buf))
+    assert out.tolist() == [True, False, True]
+    buf[1] = 1
+    assert out.tolist() == [True, True, True]
+
+
+def test_read_only_payload_is_copied_once_not_aliased() -> None:
+    data = torch.arange(4, dtype=torch.float32).numpy().tobytes()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # torch warns when handed a buffer it may not write
+        out = decode_tensor(TensorMeta("float32", (4,), 0, 16), memoryview(data))
+    out[0] = 7.0
+    assert data[:4] == bytes(4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.int16, torch.bfloat16])

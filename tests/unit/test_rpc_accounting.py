@@ -9,19 +9,20 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from engine.p2p.errors import ConnectionLost, RemoteError, RpcCancelled, UnknownMethod
+from engine.p2p.errors import ConnectionLost, ProtocolError, RemoteError, RpcCancelled, UnknownMethod
 from engine.p2p.rpc import (
     THREAD_ENCODE_ELEMENTS,
     CallContext,
     Handlers,
     RpcEndpoint,
+    _ignore_result,
     _worth_a_thread,
     error_message,
     raise_remote,
     reply_compression,
 )
 from engine.wire import Compression, Kind, Message, encode_message_bytes
-from tests.memchannel import channel_pair
+from tests.memchannel import MemoryChannel, channel_pair
 from tests.unit.test_rpc import endpoint
 
 
@@ -33,6 +34,7 @@ class Recorder:
         self.handlers.add_unary("echo", self.echo)
         self.handlers.add_unary("hold", self.hold)
         self.handlers.add_stream("items", self.items)
+        self.handlers.add_stream("stall", self.stall)
 
     async def echo(self, msg: Message, ctx: CallContext) -> Message:
         self.contexts.append(ctx)
@@ -41,6 +43,10 @@ class Recorder:
     async def hold(self, msg: Message, ctx: CallContext) -> Message:
         await self.release.wait()
         return Message(Kind.RESPONSE, 0)
+
+    async def stall(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        await self.release.wait()
+        yield Message(Kind.STREAM, 0)
 
     async def items(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
         for i in range(int(msg.fields["n"])):
@@ -123,7 +129,7 @@ async def test_close_fails_pending_calls_as_closed_locally() -> None:
     pending = asyncio.ensure_future(client.call("hold", timeout=5))
     await asyncio.sleep(0.05)
     client.close()
-    with pytest.raises(ConnectionLost, match="closed locally"):
+    with pytest.raises(ConnectionLost, match=r"^closed locally$"):
         await pending
 
 
@@ -160,3 +166,57 @@ def test_encoding_moves_to_a_thread_only_for_big_compressed_messages() -> None:
 def test_reply_compression_is_the_handlers_choice() -> None:
     msg = Message(Kind.RESPONSE, 1, compression=Compression.FLOAT16)
     assert reply_compression(msg) == Compression.FLOAT16
+
+
+def make_pair_with_channel() -> tuple[RpcEndpoint, RpcEndpoint, MemoryChannel, list[BaseException]]:
+    a, b = channel_pair(max_message_size=16384)
+    failures: list[BaseException] = []
+    client = endpoint(a, Handlers(), "b")
+    client._user_failure = failures.append
+    return client, endpoint(b, Recorder().handlers, "a"), a, failures
+
+
+async def test_a_protocol_error_fails_calls_and_streams_as_a_dropped_link() -> None:
+    client, _, a, failures = make_pair_with_channel()
+    call = asyncio.ensure_future(client.call("hold", timeout=5))
+
+    await asyncio.sleep(0.05)
+    stream = asyncio.ensure_future(client.stream("stall", timeout=5).__anext__())
+    await asyncio.sleep(0.05)
+    a.inject(b"\x00\x03\x01\x00\x00\x00" + (4).to_bytes(8, "little") + b"junk")
+    with pytest.raises(
+        ConnectionLost, match=r"^dropped bbbbbbbbbbbb: undecodable message from bbbbbbbbbbbb"
+    ) as e:
+        await call
+    assert isinstance(e.value.__cause__, ProtocolError)
+    with pytest.raises(ConnectionLost, match=r"^dropped bbbbbbbbbbbb: "):
+        await stream
+    assert len(failures) == 1 and isinstance(failures[0], ProtocolError)
+
+
+async def test_any_other_link_failure_reaches_calls_as_connection_lost() -> None:
+    client, _, _, failures = make_pair_with_channel()
+    call = asyncio.ensure_future(client.call("hold", timeout=5))
+    await asyncio.sleep(0.05)
+    cause = RuntimeError("ice failed")
+    client.channel.fail(cause)
+    with pytest.raises(ConnectionLost, match=r"^link to bbbbbbbbbbbb failed: ice failed$"):
+        await call
+    assert failures == [cause]
+
+
+async def test_an_error_reply_on_a_lost_link_is_dropped_quietly() -> None:
+    client, _, _, _ = make_pair_with_channel()
+    client.close()
+    await client._reply_error(1, "internal", "nobody hears this")
+
+
+async def test_ignore_result_retrieves_errors_and_skips_cancellations() -> None:
+    loop = asyncio.get_running_loop()
+    cancelled = loop.create_future()
+    cancelled.cancel()
+    _ignore_result(cancelled)
+    failed = loop.create_future()
+    failed.set_exception(ValueError("x"))
+    _ignore_result(failed)
+    assert not failed._log_traceback  # retrieved: no "exception was never retrieved" at collection

@@ -76,6 +76,7 @@ async def test_counters_and_the_context_handlers_see() -> None:
     got = [m async for m in client.stream("items", {"n": 2}, timeout=5)]
     assert [m.kind for m in got] == [Kind.STREAM, Kind.STREAM]
     assert client.calls_made == 4
+    assert client._pending == {} and client._streams == {}  # nothing left behind per call
 
 
 async def test_every_message_consumed_gives_its_credit_back() -> None:

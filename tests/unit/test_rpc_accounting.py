@@ -9,7 +9,14 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from engine.p2p.errors import ConnectionLost, ProtocolError, RemoteError, RpcCancelled, UnknownMethod
+from engine.p2p.errors import (
+    ConnectionLost,
+    ProtocolError,
+    RemoteError,
+    RpcCancelled,
+    RpcError,
+    UnknownMethod,
+)
 from engine.p2p.rpc import (
     THREAD_ENCODE_ELEMENTS,
     CallContext,
@@ -21,9 +28,9 @@ from engine.p2p.rpc import (
     raise_remote,
     reply_compression,
 )
-from engine.wire import Compression, Kind, Message, encode_message_bytes
+from engine.wire import Compression, Kind, Limits, Message, encode_message_bytes
 from tests.memchannel import MemoryChannel, channel_pair
-from tests.unit.test_rpc import endpoint
+from tests.unit.test_rpc import WINDOW, endpoint
 
 
 class Recorder:
@@ -35,6 +42,7 @@ class Recorder:
         self.handlers.add_unary("hold", self.hold)
         self.handlers.add_stream("items", self.items)
         self.handlers.add_stream("stall", self.stall)
+        self.handlers.add_stream("echo_stream", self.echo_stream)
 
     async def echo(self, msg: Message, ctx: CallContext) -> Message:
         self.contexts.append(ctx)
@@ -43,6 +51,9 @@ class Recorder:
     async def hold(self, msg: Message, ctx: CallContext) -> Message:
         await self.release.wait()
         return Message(Kind.RESPONSE, 0)
+
+    async def echo_stream(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        yield Message(Kind.STREAM, 0, tensors=list(msg.tensors))
 
     async def stall(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
         await self.release.wait()
@@ -89,10 +100,10 @@ async def test_every_message_consumed_gives_its_credit_back() -> None:
 
 async def test_a_stream_left_early_gives_back_the_items_nobody_read() -> None:
     client, server, _ = make_pair()
-    async for m in client.stream("items", {"n": 20}, timeout=5):
-        assert m.fields["i"] == 0
-        await asyncio.sleep(0.1)  # let the rest arrive and queue
-        break
+    items = client.stream("items", {"n": 20}, timeout=5)
+    assert (await anext(items)).fields["i"] == 0
+    await asyncio.sleep(0.1)  # let the rest arrive and queue
+    await items.aclose()
     await settle(client, server)
     assert client.channel.deframer.held == 0
 
@@ -186,7 +197,7 @@ async def test_a_protocol_error_fails_calls_and_streams_as_a_dropped_link() -> N
     await asyncio.sleep(0.05)
     a.inject(b"\x00\x03\x01\x00\x00\x00" + (4).to_bytes(8, "little") + b"junk")
     with pytest.raises(
-        ConnectionLost, match=r"^dropped bbbbbbbbbbbb: undecodable message from bbbbbbbbbbbb"
+        ConnectionLost, match=r"^dropped bbbbbbbbbbbb: undecodable message from bbbbbbbbbbbb: "
     ) as e:
         await call
     assert isinstance(e.value.__cause__, ProtocolError)
@@ -221,3 +232,90 @@ async def test_ignore_result_retrieves_errors_and_skips_cancellations() -> None:
     failed.set_exception(ValueError("x"))
     _ignore_result(failed)
     assert not failed._log_traceback  # retrieved: no "exception was never retrieved" at collection
+
+
+async def test_streams_send_cancel_only_when_left_before_their_end() -> None:
+    client, server, _ = make_pair()
+    cancels: list[int] = []
+    real = client._cancel_remote
+    client._cancel_remote = lambda rid: (cancels.append(rid), real(rid))[1]  # type: ignore[method-assign]
+    assert len([m async for m in client.stream("items", {"n": 2}, timeout=5)]) == 2
+    with pytest.raises(UnknownMethod):
+        async for _ in client.stream("nope", timeout=5):
+            pass
+    assert cancels == []  # ended by END, and by ERROR: nothing to cancel
+    items = client.stream("items", {"n": 50}, timeout=5)
+    await anext(items)
+    await items.aclose()  # the consumer leaves early
+    assert cancels == [3]
+    await settle(client, server)
+    assert server._serving == {}
+
+
+async def test_a_stream_request_carries_its_tensors() -> None:
+    client, _, _ = make_pair()
+    x = torch.arange(10.0)
+    (reply,) = [m async for m in client.stream("echo_stream", tensors=[x], timeout=5)]
+    assert torch.equal(reply.tensors[0], x)
+
+
+async def test_a_stream_request_that_cannot_be_sent_times_out() -> None:
+    a, b = channel_pair(max_message_size=16384)
+    client = endpoint(a, Handlers(), "b")
+    endpoint(b, Recorder().handlers, "a")
+    a.paused = True  # nothing drains: the send blocks above the high-water mark
+    start = asyncio.get_running_loop().time()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(3):
+            async for _ in client.stream("echo_stream", tensors=[torch.zeros(1 << 18)], timeout=0.2):
+                pass
+    assert asyncio.get_running_loop().time() - start < 2
+
+
+async def test_big_compressed_messages_are_encoded_on_a_thread_with_the_endpoints_limits() -> None:
+    client, _, _ = make_pair()
+    x = torch.randn(THREAD_ENCODE_ELEMENTS)
+    reply = await client.call("echo", {"n": 1}, [x], timeout=10, compression=Compression.INT8)
+    assert (reply.tensors[0] - x).abs().max() <= x.abs().max() / 127
+    assert client.channel.bytes_sent < x.numel() * 4 / 3  # sent as int8, not raw
+    too_big = torch.zeros(WINDOW // 2 + 1000)  # over the endpoints' max_message_bytes even as int8
+    with pytest.raises(RpcError, match="exceeds max_message_bytes"):
+        await client.call("echo", {}, [too_big], timeout=10, compression=Compression.INT8)
+
+
+async def test_the_receiver_decodes_with_its_own_limits() -> None:
+    a, b = channel_pair(max_message_size=16384)
+    client = endpoint(a, Handlers(), "b")
+    tight = endpoint(b, Recorder().handlers, "a")
+    tight.limits = Limits(max_message_bytes=WINDOW // 2, max_tensors=1)
+    with pytest.raises(ConnectionLost):
+        await client.call("echo", {}, [torch.zeros(1), torch.zeros(1)], timeout=5)
+    assert isinstance(tight.channel.error, ProtocolError)
+    assert str(tight.channel.error) == "undecodable message from aaaaaaaaaaaa: 2 tensors > max_tensors 1"
+
+
+async def test_max_concurrent_handlers_default_to_64() -> None:
+    client, server, recorder = make_pair()
+    calls = [asyncio.ensure_future(client.call("hold", timeout=10)) for _ in range(65)]
+    async with asyncio.timeout(5):
+        while server.calls_served < 64:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.1)
+    assert server.calls_served == 64  # the 65th waits for a slot
+    recorder.release.set()
+    await asyncio.gather(*calls)
+    assert server.calls_served == 65
+
+
+async def test_cancelling_a_call_logs_no_callback_errors() -> None:
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        client, _, _ = make_pair()
+        with pytest.raises(TimeoutError):
+            await client.call("hold", timeout=0.1)
+        await asyncio.sleep(0.1)
+    finally:
+        loop.set_exception_handler(None)
+    assert errors == []

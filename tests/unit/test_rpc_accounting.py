@@ -40,6 +40,7 @@ class Recorder:
         self.release = asyncio.Event()
         self.handlers.add_unary("echo", self.echo)
         self.handlers.add_unary("hold", self.hold)
+        self.handlers.add_unary("boom", self.boom)
         self.handlers.add_stream("items", self.items)
         self.handlers.add_stream("stall", self.stall)
         self.handlers.add_stream("echo_stream", self.echo_stream)
@@ -48,11 +49,15 @@ class Recorder:
         self.contexts.append(ctx)
         return Message(Kind.RESPONSE, 0, fields=dict(msg.fields), tensors=list(msg.tensors))
 
+    async def boom(self, msg: Message, ctx: CallContext) -> Message:
+        raise KeyError("kaput")
+
     async def hold(self, msg: Message, ctx: CallContext) -> Message:
         await self.release.wait()
         return Message(Kind.RESPONSE, 0)
 
     async def echo_stream(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        self.contexts.append(ctx)
         yield Message(Kind.STREAM, 0, tensors=list(msg.tensors))
 
     async def stall(self, msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
@@ -109,14 +114,23 @@ async def test_a_stream_left_early_gives_back_the_items_nobody_read() -> None:
 
 
 async def test_a_late_answer_and_a_cancel_for_nothing_give_their_credit_back() -> None:
-    client, server, _ = make_pair()
-    with pytest.raises(TimeoutError):
-        await client.call("hold", timeout=0.1)
-    # Answer a call nobody waits for, and cancel a request nobody serves, by hand.
-    await client.channel.send(encode_message_pieces(Message(Kind.RESPONSE, 999)))
-    await server.channel.send(encode_message_pieces(Message(Kind.CANCEL, 12345)))
-    await settle(client, server)
+    loop = asyncio.get_running_loop()
+    errors: list[dict[str, object]] = []
+    loop.set_exception_handler(lambda _loop, context: errors.append(context))
+    try:
+        client, server, _ = make_pair()
+        with pytest.raises(TimeoutError):
+            await client.call("hold", timeout=0.1)
+        # Answers to calls nobody waits for, and a cancel of a request nobody serves, by hand.
+        for late in (Message(Kind.RESPONSE, 999), Message(Kind.END, 998), Message(Kind.ERROR, 997)):
+            await client.channel.send(encode_message_pieces(late))
+        await server.channel.send(encode_message_pieces(Message(Kind.CANCEL, 12345)))
+        await settle(client, server)
+    finally:
+        loop.set_exception_handler(None)
     assert client.channel.deframer.held == server.channel.deframer.held == 0
+    assert errors == []
+    assert client.channel.error is None and server.channel.error is None
 
 
 def encode_message_pieces(msg: Message) -> list[bytes]:
@@ -252,11 +266,21 @@ async def test_streams_send_cancel_only_when_left_before_their_end() -> None:
     assert server._serving == {}
 
 
-async def test_a_stream_request_carries_its_tensors() -> None:
-    client, _, _ = make_pair()
+async def test_a_stream_request_carries_its_tensors_and_context() -> None:
+    client, _, recorder = make_pair()
     x = torch.arange(10.0)
     (reply,) = [m async for m in client.stream("echo_stream", tensors=[x], timeout=5)]
     assert torch.equal(reply.tensors[0], x)
+    assert [(c.peer_id, c.request_id) for c in recorder.contexts] == [("a" * 40, 1)]
+
+
+async def test_a_failing_handler_is_logged_with_its_method_and_peer(caplog: pytest.LogCaptureFixture) -> None:
+    client, _, _ = make_pair()
+    with pytest.raises(RemoteError, match="KeyError"):
+        await client.call("boom", timeout=5)
+    (record,) = [r for r in caplog.records if r.name == "engine.p2p.rpc"]
+    assert record.getMessage() == "handler boom failed for aaaaaaaaaaaa"
+    assert record.exc_info is not None
 
 
 async def test_a_stream_request_that_cannot_be_sent_times_out() -> None:

@@ -124,6 +124,22 @@ def changed_lines(diff: str) -> list[str]:
     return [line[1:].strip() for line in diff.splitlines() if re.match(r"^\+(?!\+\+)", line)]
 
 
+def check_equivalents(
+    path: str, codes: dict[str, int | None], equivalent: dict[str, dict[str, str]]
+) -> list[str]:
+    """Entries for this module that no longer name a mutant, or name one that a test now kills."""
+    module = path.removesuffix(".py").replace("/", ".") + "."
+    out = []
+    for name in equivalent:
+        if not name.startswith(module):
+            continue
+        if name not in codes:
+            out.append(f"equivalent.toml: {name} is not a mutant of {path} any more")
+        elif codes[name] in KILLED:
+            out.append(f"equivalent.toml: {name} is listed as equivalent but a test kills it")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help="groups of [tool.lah-mutation] (default: all)")
@@ -162,6 +178,8 @@ def main() -> None:
                 status = "survived" if code in SURVIVED else f"not killed, exit code {code}"
                 survivors.append(f"# {name}: {status}{stale}\n{diffs[name]}")
                 counts["left"] += 1
+            for warning in check_equivalents(path, codes, equivalent):
+                print(warning, file=sys.stderr)
             n = len(codes)
             score = killed / (n - equiv) if n > equiv else 1.0
             report[path] = {"mutants": n, "killed": killed, "equivalent": equiv, "score": round(score, 4)}

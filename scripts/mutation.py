@@ -8,7 +8,7 @@ runs in a fresh copy of the tree under ``build/mutation/<group>`` whose pyprojec
 changed line and why no test can tell it apart) are subtracted; an entry whose changed line no longer
 matches is stale and ignored. The last line printed is the per-module JSON.
 
-    .venv/bin/python scripts/mutation.py [group ...] [--max-children N]
+    .venv/bin/python scripts/mutation.py [group ...] [--max-children N] [--report-only]
 """
 
 from __future__ import annotations
@@ -144,6 +144,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help="groups of [tool.lah-mutation] (default: all)")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
+    parser.add_argument(
+        "--report-only",
+        action="store_true",
+        help="report the last run's results again (after editing equivalent.toml)",
+    )
     args = parser.parse_args()
     project, groups = load_config()
     chosen = args.groups or list(groups)
@@ -157,9 +162,11 @@ def main() -> None:
     for group in chosen:
         spec = groups[group]
         t0 = time.monotonic()
-        scratch = prepare(group, spec, project)
-        globs = mutant_globs(spec["mutate"], spec["functions"]) if spec.get("functions") else []
-        run_group(scratch, globs, args.max_children)
+        scratch = BUILD / group
+        if not args.report_only:
+            scratch = prepare(group, spec, project)
+            globs = mutant_globs(spec["mutate"], spec["functions"]) if spec.get("functions") else []
+            run_group(scratch, globs, args.max_children)
         by_file = results(scratch, spec)
         counts: dict[str, int] = defaultdict(int)
         left = sorted(k for codes in by_file.values() for k, v in codes.items() if v not in KILLED)

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
+from engine.p2p.channel import FramedChannel
 from engine.p2p.errors import (
     ConnectionLost,
     ProtocolError,
@@ -17,6 +18,7 @@ from engine.p2p.errors import (
     RpcError,
     UnknownMethod,
 )
+from engine.p2p.framing import data_frames
 from engine.p2p.rpc import (
     THREAD_ENCODE_ELEMENTS,
     CallContext,
@@ -343,3 +345,31 @@ async def test_cancelling_a_call_logs_no_callback_errors() -> None:
     finally:
         loop.set_exception_handler(None)
     assert errors == []
+
+
+async def test_late_answers_of_every_kind_are_released_where_they_land() -> None:
+    # Fed straight into the receiving channel, so an exception in on_message reaches the test.
+    client, _, _ = make_pair()
+    late = [
+        Message(Kind.RESPONSE, 999),
+        Message(Kind.END, 998),
+        Message(Kind.ERROR, 997),
+        Message(Kind.STREAM, 996),
+    ]
+    for msg in [*late, Message(Kind.CANCEL, 12345)]:
+        for frame in data_frames(1, [encode_message_bytes(msg)], 16384):
+            client.channel._on_frame(frame)
+        assert client.channel.deframer.held == 0
+    assert client.channel.error is None
+
+
+async def test_on_failure_given_to_the_constructor_hears_the_failure() -> None:
+    a, _ = channel_pair(max_message_size=16384)
+    heard: list[BaseException] = []
+
+    def make(on_message):  # type: ignore[no-untyped-def]
+        return FramedChannel(a, on_message, max_frame=16384, window=WINDOW, max_message_bytes=WINDOW // 2)
+
+    rpc = RpcEndpoint(make, Handlers(), peer_id="c" * 40, limits=Limits(), on_failure=heard.append)
+    rpc.close()
+    assert len(heard) == 1 and str(heard[0]) == "closed locally"

@@ -76,6 +76,7 @@ async def test_verifier_keeps_its_key_cache_across_batches() -> None:
     me = Identity.generate()
     v = Verifier()
     assert await v.check(receipts(3, me)) == [True] * 3
+    assert list(v.keys._keys) == [me.public_key]  # parsed by check() itself, once
     parsed = v.keys.get(me.public_key)
     assert await v.check(receipts(2, me)) == [True, True]
     assert v.keys.get(me.public_key) is parsed

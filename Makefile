@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench clean installer
+.PHONY: run test check bench mutation clean installer
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -34,6 +34,10 @@ bench: $(STAMP)
 installer: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[installer]'
 	installers/build-linux
+
+# Mutation testing of the node's guards (scripts/mutation.py, README.md); minutes, so not part of `test`.
+mutation: $(STAMP)
+	$(BIN)/python scripts/mutation.py
 
 clean:
 	rm -rf $(VENV) build dist

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 
@@ -19,7 +20,8 @@ from engine.wire import (
     encode_message_bytes,
 )
 
-N_FRAMES = 100_000
+# `make mutation` runs this once per mutant, with fewer frames (LAH_FUZZ_FRAMES).
+N_FRAMES = int(os.environ.get("LAH_FUZZ_FRAMES", 100_000))
 
 
 def frame(header: list[object], payload: bytes = b"", prefix: int | None = None) -> bytes:
@@ -150,5 +152,5 @@ def test_fuzz_only_decode_errors() -> None:
         else:
             assert isinstance(result, Message)
             ok += 1
-    assert ok > 5_000, ok
-    assert failed > 50_000, failed
+    assert ok > N_FRAMES // 20, ok
+    assert failed > N_FRAMES // 2, failed

@@ -170,8 +170,8 @@ class Governor:
 
     async def run(self) -> None:
         while True:
+            self._wake.clear()  # before the poll: a wake that arrives while it runs is not lost
             decision = await self.poll()
-            self._wake.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.interval_for(decision))
 

@@ -93,7 +93,7 @@ class NodeControl:
         gov = self.volunteer.governor
         if gov is not None:
             gov.pause()
-            await self._settle(lambda d: d.state is State.PAUSED)
+            await self._stopped(State.PAUSED, "Paused by you")
         else:
             await self.volunteer.on_stop_work(Decision(State.PAUSED, Reason.PAUSED, "Paused by you"))
 
@@ -110,7 +110,7 @@ class NodeControl:
         gov = self.volunteer.governor
         if gov is not None:
             gov.snooze(seconds)
-            await self._settle(lambda d: d.state is State.SNOOZED)
+            await self._stopped(State.SNOOZED, "Snoozed by you")
             return
         await self.volunteer.on_stop_work(
             Decision(State.SNOOZED, Reason.SNOOZED, f"Snoozed for {seconds:.0f} s")
@@ -123,6 +123,23 @@ class NodeControl:
         if self._snooze is not None:
             self._snooze.cancel()
             self._snooze = None
+
+    async def _stopped(self, state: State, reason: str, timeout: float = 2.0) -> None:
+        """Pause and snooze: refuse new work at once, and reply as soon as the governor has decided.
+
+        Its work hook (draining, freeing memory) goes on after the reply: the volunteer asked the node
+        to stop taking work, and that is done the moment the gate closes, however long freeing takes.
+        """
+        gov = self.volunteer.governor
+        assert gov is not None
+        self.volunteer.gate.close(reason)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        # no event marks "decided" (only "published", after the hooks): poll the decision briefly
+        while loop.time() < deadline:
+            if gov.decision is not None and gov.decision.state is state:
+                return
+            await asyncio.sleep(0.005)
 
     async def _settle(self, done: Callable[[Decision], bool], timeout: float = 2.0) -> None:
         """Wait (bounded) until the governor has acted on the change, so the reply shows the new status.

@@ -141,10 +141,12 @@ class NodeControl:
                 return
             await asyncio.sleep(0.005)
 
-    async def _settle(self, done: Callable[[Decision], bool], timeout: float = 2.0) -> None:
+    async def _settle(self, done: Callable[[Decision], bool], timeout: float = 10.0) -> None:
         """Wait (bounded) until the governor has acted on the change, so the reply shows the new status.
 
         The governor publishes a decision only after its work hooks ran, so seeing it published is enough.
+        A resume right after a pause waits for the pause's hook (freeing memory) and then its own
+        (restoring it): seconds on a loaded machine, hence the generous bound.
         """
         gov = self.volunteer.governor
         assert gov is not None

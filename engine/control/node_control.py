@@ -153,8 +153,12 @@ class NodeControl:
         queue = gov.subscribe()
         try:
             async with asyncio.timeout(timeout):
-                while not done(await queue.get()):
-                    pass
+                # The queue starts with the last *published* decision, which may predate one still in
+                # its hooks (a pause just decided): wait until what is published is also what is decided.
+                while True:
+                    published = await queue.get()
+                    if done(published) and gov.decision is not None and done(gov.decision):
+                        break
         except TimeoutError:
             pass
         finally:

@@ -52,6 +52,7 @@ class TrainerConfig:
     lr: float = 3e-3
     seed: int = 0
     spot_check_fraction: float = 0.02
+    wire: str = "float16"  # expert calls: "float16" or "int8" (engine.moe.client.WIRE_FORMATS)
 
     @property
     def step_timeout_s(self) -> float:
@@ -90,6 +91,7 @@ def remote_model(
         grace_s=config.grace_s,
         timeout=config.timeout,
         observer=observer,
+        wire=config.wire,
     )
     return DigitsDMoE(moe, config.dim)
 
@@ -235,7 +237,9 @@ class TrainerNode:
 
     async def _forward_on(self, host: str, uid: str, inputs: torch.Tensor) -> torch.Tensor:
         assert self.peer is not None
-        expert = RemoteExpert(self.peer, host, uid, loop=self.loop, timeout=self.config.timeout)
+        expert = RemoteExpert(
+            self.peer, host, uid, loop=self.loop, timeout=self.config.timeout, wire=self.config.wire
+        )
         return await expert.call_forward(f"spot{time.monotonic_ns():x}"[-16:], inputs)
 
     async def _report(self, host: str, uid: str, start: float, end: float, reason: str) -> None:

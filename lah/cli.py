@@ -53,6 +53,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds to keep the coordinator up after training (default: until Ctrl+C)",
     )
     dmoe.add_argument("--app", action="store_true", help="the tray app joins too (needs a display)")
+    dmoe.add_argument(
+        "--wire",
+        choices=["float16", "int8"],
+        default="float16",
+        help="how expert calls travel (int8: half the bytes)",
+    )
     from . import selftest  # light: each part imports what it tests
 
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
@@ -81,9 +87,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         eventloop.run(demo_transport(args.mib))
     elif args.command == "demo":
+        from engine.trainer import TrainerConfig
+
         from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
 
-        run_demo(volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app)
+        config = TrainerConfig(wire=args.wire)
+        run_demo(
+            volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app, config=config
+        )
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
 

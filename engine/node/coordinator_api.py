@@ -1,4 +1,5 @@
-"""The coordinator's HTTP API as the node uses it: accounts, host binding, token refresh, assignments.
+"""The coordinator's HTTP API, the engine's one client of it: the node's accounts, host binding, token
+refresh, assignments and energy, and the trainer's bootstrap peers, receipts and spot checks.
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
@@ -59,6 +60,8 @@ def parse_assignment(raw: Any) -> Assignment:
 
 
 class CoordinatorApi:
+    """One aiohttp session (connection pool) to ``url``; every call times out after ``timeout`` s."""
+
     def __init__(self, url: str, *, timeout: float = 15.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -72,6 +75,16 @@ class CoordinatorApi:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    @property
+    def signaling_url(self) -> str:
+        from engine.p2p.signaling import signaling_url_of
+
+        return signaling_url_of(self.url)
+
+    async def get(self, path: str, token: str | None = None) -> Any:
+        """A GET of the JSON API (``path`` with its query), e.g. ``/api/leaderboard?kind=hosts``."""
+        return await self._post(path, None, token, method="GET")
 
     async def _post(
         self, path: str, body: dict[str, Any] | None, token: str | None = None, method: str = "POST"
@@ -107,10 +120,13 @@ class CoordinatorApi:
         rank = credit.get("rank")
         return float(credit.get("total", 0.0)), int(rank) if isinstance(rank, int) else None
 
-    async def register(self, name: str, team: str | None = None) -> Credentials:
+    async def register(self, name: str, team: str | None = None, invite: str | None = None) -> Credentials:
+        """A new account (``invite``: the invitation code, where the coordinator runs an allowlist)."""
         body: dict[str, Any] = {"name": name}
         if team:
             body["team"] = team
+        if invite:
+            body["invite"] = invite
         data = await self._post("/api/accounts", body)
         return Credentials(int(data["account"]["id"]), str(data["token"]), float(data["expires_at"]))
 
@@ -139,3 +155,17 @@ class CoordinatorApi:
             "upload_bytes_per_s": upload_bytes_per_s,
         }
         return parse_assignment(await self._post("/api/assignment", body, token))
+
+    async def bootstrap_peers(self, token: str, peer_id: str) -> list[str]:
+        """Online peers to join the DHT through (an assignment with no capacity: no experts)."""
+        data = await self._post("/api/assignment", {"peer_id": peer_id, "memory_bytes": 0}, token)
+        return [str(p) for p in data.get("bootstrap", [])]
+
+    async def post_receipts(self, token: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """A batch of signed receipts (a trainer account's token): the ledger's answer."""
+        answer: dict[str, Any] = await self._post("/api/receipts", {"receipts": batch}, token)
+        return answer
+
+    async def post_spot_check(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._post("/api/spot-checks", report, token)
+        return answer

@@ -3,7 +3,10 @@
 ``POST /api/assignment`` (bearer token; the peer must be bound to the token's account) takes the
 node's capacity and answers with the experts to host, each with its spec (architecture name and
 sizes from the coordinator's experiment config: no code travels) and a time after which the
-assignment lapses unless the node asks again.
+assignment lapses unless the node asks again. Each expert comes with ``proof``: the coordinator's
+signature (base64) of ``engine.wire.statements.assignment_signed_bytes(host public key, uid,
+experiment, expires_at)``, which the host puts in its DHT declarations; ``coordinator_key`` (base64)
+is what trainers check those proofs against.
 
 What a node claims is checked against what a machine can have: ``memory_bytes`` at most
 ``MAX_MEMORY_BYTES`` for its device (more would win it the whole grid), an energy report at most
@@ -12,6 +15,7 @@ What a node claims is checked against what a machine can have: ``memory_bytes`` 
 
 from __future__ import annotations
 
+import base64
 import random
 import time
 from datetime import UTC
@@ -20,6 +24,8 @@ from typing import Any
 import msgspec
 from aiohttp import web
 from sqlalchemy import select, update
+
+from engine.wire.statements import assignment_signed_bytes
 
 from .api_accounts import authenticate, json_errors, read_body
 from .assignment import Capacity, assign_host
@@ -78,14 +84,37 @@ async def assignment(request: web.Request) -> web.StreamResponse:
     )
     by_name = {e.name: e for e in config.experiments}
     expires = now + config.assignment_ttl_s
+    async with services.sessions() as session:
+        host_key = bytes(
+            (await session.execute(select(Host.public_key).where(Host.peer_id == body.peer_id))).scalar_one()
+        )
+
+    def proof(name: str, uid: str) -> str:
+        signed = services.tokens.sign_statement(assignment_signed_bytes(host_key, uid, name, expires))
+        return base64.b64encode(signed).decode()
+
     experts = [
-        {"experiment": name, "uid": uid, "spec": expert_spec(by_name[name]), "expires_at": expires}
+        {
+            "experiment": name,
+            "uid": uid,
+            "spec": expert_spec(by_name[name]),
+            "expires_at": expires,
+            "proof": proof(name, uid),
+        }
         for name, uid in pairs
     ]
     hub = request.app.get(HUB_KEY)
     online = [p for p in (hub.online() if hub is not None else []) if p != body.peer_id]
     bootstrap = random.sample(online, min(len(online), config.bootstrap_peers))
-    return web.json_response({"experts": experts, "bootstrap": bootstrap, "ttl_s": config.assignment_ttl_s})
+    coordinator_key = base64.b64encode(services.tokens.public_key_bytes).decode()
+    return web.json_response(
+        {
+            "experts": experts,
+            "bootstrap": bootstrap,
+            "ttl_s": config.assignment_ttl_s,
+            "coordinator_key": coordinator_key,
+        }
+    )
 
 
 class EnergyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -9,6 +9,7 @@ the one piece both must agree on byte for byte, the host-binding message, is in 
 from __future__ import annotations
 
 import base64
+import binascii
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +29,7 @@ class AssignedExpert:
     uid: str
     spec: ExpertSpec
     expires_at: float
+    proof: bytes = b""  # the coordinator's signature of the assignment statement (DHT declarations)
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Assignment:
     experts: tuple[AssignedExpert, ...]
     bootstrap: tuple[str, ...]
     ttl_s: float
+    coordinator_key: bytes = b""  # what the assignment proofs verify with
 
     @property
     def specs(self) -> dict[str, ExpertSpec]:
@@ -51,11 +54,17 @@ def parse_assignment(raw: Any) -> Assignment:
                 str(e["uid"]),
                 ExpertSpec.from_fields({"hidden": 0, "heads": 1, "seq_len": 0, **e["spec"]}),
                 float(e["expires_at"]),
+                base64.b64decode(e.get("proof", ""), validate=True),
             )
             for e in raw["experts"]
         )
-        return Assignment(experts, tuple(str(p) for p in raw["bootstrap"]), float(raw["ttl_s"]))
-    except (KeyError, TypeError, ValueError) as e:
+        return Assignment(
+            experts,
+            tuple(str(p) for p in raw["bootstrap"]),
+            float(raw["ttl_s"]),
+            base64.b64decode(raw.get("coordinator_key", ""), validate=True),
+        )
+    except (KeyError, TypeError, ValueError, binascii.Error) as e:
         raise CoordinatorError(200, "bad_reply", f"unexpected assignment reply: {e}") from e
 
 
@@ -155,11 +164,6 @@ class CoordinatorApi:
             "upload_bytes_per_s": upload_bytes_per_s,
         }
         return parse_assignment(await self._post("/api/assignment", body, token))
-
-    async def bootstrap_peers(self, token: str, peer_id: str) -> list[str]:
-        """Online peers to join the DHT through (an assignment with no capacity: no experts)."""
-        data = await self._post("/api/assignment", {"peer_id": peer_id, "memory_bytes": 0}, token)
-        return [str(p) for p in data.get("bootstrap", [])]
 
     async def post_receipts(self, token: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """A batch of signed receipts (a trainer account's token): the ledger's answer."""

@@ -206,13 +206,16 @@ class TrainerNode:
         )
         await self.peer.start()
         self.dht = DHTNode(PeerTransport(self.peer), signer=self.identity, rpc_timeout=10.0)
-        seeds = await self.api.bootstrap_peers(await self.token(), self.identity.peer_id)
+        # An assignment with no capacity: no experts, but peers to join through and the key that
+        # signs the assignment proofs in hosts' declarations (assigned hosts are preferred).
+        joined = await self.api.assignment(await self.token(), self.identity.peer_id, "cpu", 0)
+        seeds = list(joined.bootstrap)
         if seeds:
             try:
                 await self.dht.bootstrap(seeds)
             except DHTError as e:
                 raise RuntimeError(f"the trainer could not join the DHT: {e}") from e
-        self.finder = DHTExpertFinder(self.dht)
+        self.finder = DHTExpertFinder(self.dht, coordinator_key=joined.coordinator_key or None)
         self.spot = SpotChecker(
             self.finder.hosts_of, self._forward_on, self._report, fraction=self.config.spot_check_fraction
         )

@@ -333,3 +333,32 @@ async def test_energy_reports_are_bounded_by_power_and_time(full: Full) -> None:
     assert (status, body["error"]) == (422, "implausible_energy")
     status, body = await report_at(time.time() - 60, 0.01)
     assert status == 200 and body["energy_kwh"] == pytest.approx(2.01)
+
+
+async def test_assignment_carries_the_coordinators_proofs(full: Full) -> None:
+    from engine.node.coordinator_api import parse_assignment
+    from engine.p2p.errors import IdentityError
+    from engine.p2p.identity import verify
+    from engine.wire.statements import assignment_signed_bytes
+
+    ada_id, ada = await full.register("Ada")
+    host = await full.bind(ada_id, ada)
+    status, raw = await full.call(
+        "POST", "/api/assignment", {"peer_id": host.peer_id, "memory_bytes": 1 << 30}, ada
+    )
+    assert status == 200
+    got = parse_assignment(raw)
+    assert got.coordinator_key == full.services.tokens.public_key_bytes and len(got.experts) == 4
+    for e in got.experts:
+        verify(
+            got.coordinator_key, assignment_signed_bytes(host.public_key, e.uid, "ffn", e.expires_at), e.proof
+        )
+    # The proof is for this host's key only.
+    other = Identity.generate()
+    with pytest.raises(IdentityError):
+        e = got.experts[0]
+        verify(
+            got.coordinator_key,
+            assignment_signed_bytes(other.public_key, e.uid, "ffn", e.expires_at),
+            e.proof,
+        )

@@ -91,6 +91,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         await services.close()
 
     app.on_cleanup.append(close_services)
+    app.cleanup_ctx.append(services.housekeeping)
     api_accounts.setup_routes(app)
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
     api_swarm.setup_routes(app)

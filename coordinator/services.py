@@ -2,13 +2,16 @@
 
 ``open_services(config)`` migrates the database to the newest schema, loads (or creates) the token
 signing key and builds the rest; ``close()`` releases the database. The web app keeps the result
-under ``SERVICES``.
+under ``SERVICES`` and runs ``housekeeping`` while it serves: every ``HOUSEKEEPING_S`` it forgets
+revocations of tokens that have expired anyway and rate-limit buckets that are full again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -25,6 +28,10 @@ from .ledger import in_list
 from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
 from .signaling import OfferGate, PeerRefused
 from .tokens import TokenAuthority, TokenError, load_signing_key
+
+
+logger = logging.getLogger(__name__)
+HOUSEKEEPING_S = 600.0
 
 
 @dataclass
@@ -63,6 +70,31 @@ class Services:
             raise PeerRefused(sp.ACCOUNT_DISABLED, "this account is disabled")
         if await self.accounts.host_owner(peer_id) != claims.sub:
             raise PeerRefused(sp.HOST_NOT_BOUND, f"host {peer_id[:12]} is not bound to this account")
+
+    async def housekeep(self) -> tuple[int, int]:
+        """One round: (expired revocations deleted, idle rate-limit buckets forgotten)."""
+        revocations = await self.tokens.prune()
+        buckets = sum(
+            limiter.prune() for limiter in (self.register_limiter, self.receipt_limiter, self.ws_limiter.rate)
+        )
+        buckets += self.offer_gate.limiter.prune()
+        return revocations, buckets
+
+    async def housekeeping(self, _app: web.Application) -> AsyncIterator[None]:
+        """aiohttp ``cleanup_ctx``: ``housekeep`` every ``HOUSEKEEPING_S`` while the app runs."""
+
+        async def forever() -> None:
+            while True:
+                await asyncio.sleep(HOUSEKEEPING_S)
+                try:
+                    await self.housekeep()
+                except Exception:  # the database is away for a moment: next round
+                    logger.exception("coordinator housekeeping failed")
+
+        task = asyncio.create_task(forever(), name="coordinator-housekeeping")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
 
     async def refused_peers(self, peer_ids: list[str]) -> set[str]:
         """Those of ``peer_ids`` the hub must drop now: their account is disabled or gone, or they

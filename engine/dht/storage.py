@@ -49,12 +49,6 @@ class RecordStore:
     def __len__(self) -> int:
         return self._count
 
-    def owned_by(self, owner: str) -> int:
-        return self._by_owner[owner]
-
-    def sent_by(self, sender: str) -> int:
-        return self._by_sender[sender]
-
     def put(self, key_id: int, record: Record, now: float, sender: str | None = None) -> None:
         """Keep ``record`` unless a record at least as new holds its slot (StaleRecord) or a quota is
         full (QuotaExceeded). ``sender``: the peer that sent it (None: this node itself)."""

@@ -362,3 +362,17 @@ async def test_assignment_carries_the_coordinators_proofs(full: Full) -> None:
             assignment_signed_bytes(other.public_key, e.uid, "ffn", e.expires_at),
             e.proof,
         )
+
+
+async def test_housekeeping_forgets_expired_revocations_and_idle_buckets(full: Full) -> None:
+    services = full.services
+    _, ada = await full.register("Ada")
+    claims = services.tokens.decode(ada)
+    await services.tokens.revoke(claims.jti, expires_at=full.clock() - 1)  # expired anyway
+    await services.tokens.revoke("f" * 32)  # still in force
+    assert await services.housekeep() == (1, 0)  # the registration's bucket is still in use
+    full.clock.advance(120)
+    assert await services.housekeep() == (0, 1)  # now it is full again: forgotten
+    assert await services.tokens.is_revoked("f" * 32)
+    hooks = [ctx.__func__ for ctx in full.client.app.cleanup_ctx if hasattr(ctx, "__func__")]
+    assert Services.housekeeping in hooks  # the app runs it

@@ -29,7 +29,6 @@ from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
 from .signaling import OfferGate, PeerRefused
 from .tokens import TokenAuthority, TokenError, load_signing_key
 
-
 logger = logging.getLogger(__name__)
 HOUSEKEEPING_S = 600.0
 

@@ -46,8 +46,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     register_per_ip_per_minute: int = 30
     # Addresses (or CIDR networks) of reverse proxies whose X-Forwarded-For is believed; empty: none.
     trusted_proxies: list[str] = []
-    offers_per_minute: int = 60  # signaling offers relayed per sender (after a burst of offer_burst)
-    offer_burst: int = 32
+    offers_per_minute: int = 120  # signaling offers relayed per sender (after a burst of offer_burst)
+    offer_burst: int = 64
     receipts_per_account_per_minute: int = 60_000  # receipts (and batches) a trainer account may post
     max_receipt_credit: float = 10_000.0  # credit one receipt may carry; more is refused
     invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid

@@ -47,8 +47,8 @@ logger = logging.getLogger(__name__)
 HELLO_TIMEOUT_S = 10.0
 RATE_LIMITED = "rate_limited"
 # A node dials a few dozen peers as it joins (DHT bootstrap, experts), then a few a minute.
-OFFER_BURST = 32
-OFFERS_PER_S = 1.0
+OFFER_BURST = 64
+OFFERS_PER_S = 2.0
 DUPLICATE_WINDOW_S = 120.0  # a signed description is refused by its recipient after this anyway
 MAX_REMEMBERED_OFFERS = 65536
 

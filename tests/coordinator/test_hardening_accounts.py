@@ -376,3 +376,13 @@ async def test_housekeeping_forgets_expired_revocations_and_idle_buckets(full: F
     assert await services.tokens.is_revoked("f" * 32)
     hooks = [ctx.__func__ for ctx in full.client.app.cleanup_ctx if hasattr(ctx, "__func__")]
     assert Services.housekeeping in hooks  # the app runs it
+
+
+async def test_the_full_hub_limits_offers_and_addresses_as_configured(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
+    async for f in _full(db, tmp_path, offers_per_minute=30, offer_burst=5, trusted_proxies=["10.0.0.0/8"]):
+        hub = f.client.app[HUB_KEY]
+        assert hub.offers is f.services.offer_gate
+        assert (hub.offers.limiter.burst, hub.offers.limiter.rate) == (5.0, 0.5)
+        assert hub.address_of is f.services.client_address and hub.recheck is not None

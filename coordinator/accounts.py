@@ -5,7 +5,8 @@ grants ``trainer`` or ``admin`` (the first admin is made by the operator: ``set_
 In allowlist mode only names on the allowlist may register, and only with the secret code of an
 unused, unexpired invitation for that name (``invite``: an admin creates it; only its hash is stored).
 A name that looks like a taken one (same skeleton, ``coordinator.confusables``: Cyrillic U+0430 for
-Latin "a") is taken. A disabled account is refused by every authenticated call (``require_enabled``).
+Latin "a") is taken; a team name that looks like an existing team's names that team. A disabled account
+is refused by every authenticated call (``require_enabled``).
 An account binds hosts (peer keys) by showing the host key's signature of ``bind_message(account id)``
 (engine/wire/statements.py), so nobody can bind a key they do not hold, and a key holder's proof binds
 to that one account only.
@@ -160,6 +161,17 @@ class Accounts:
                     raise NotAllowlisted("registration is by invitation: this name is not on the allowlist")
                 if not isinstance(invite, str) or not invite:
                     raise BadInvite("registration is by invitation: send the invitation's code")
+                # Checked here too (and used up atomically below), so a wrong code creates no team.
+                open_invite = await s.execute(
+                    select(Invite.code_hash).where(
+                        Invite.code_hash == code_hash(invite),
+                        Invite.name == name,
+                        Invite.used_at.is_(None),
+                        Invite.expires_at > self.clock(),
+                    )
+                )
+                if open_invite.first() is None:
+                    raise BadInvite("this invitation code is wrong, used or expired")
             taken = await s.execute(
                 select(Account.id).where(
                     (func.lower(Account.name) == name.lower()) | (Account.name_skeleton == shape)
@@ -224,13 +236,21 @@ class Accounts:
     async def _team_id(self, team_name: str) -> int:
         for _ in range(3):
             async with self.sessions() as s:
-                found = await s.execute(select(Team.id).where(func.lower(Team.name) == team_name.lower()))
+                # A look-alike of a team's name is that team, as its other spellings in case are.
+                found = await s.execute(
+                    select(Team.id)
+                    .where(
+                        (func.lower(Team.name) == team_name.lower())
+                        | (Team.name_skeleton == skeleton(team_name))
+                    )
+                    .order_by(Team.id)
+                )
                 row = found.first()
                 if row is not None:
                     return int(row[0])
             try:
                 async with self.sessions() as s, s.begin():
-                    new = Team(name=team_name)
+                    new = Team(name=team_name, name_skeleton=skeleton(team_name))
                     s.add(new)
                     await s.flush()
                     return new.id

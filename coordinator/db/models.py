@@ -48,6 +48,7 @@ class Team(CreditMixin, Base):
     __tablename__ = "teams"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
+    name_skeleton: Mapped[str | None] = mapped_column(String(SKELETON_MAX), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     accounts: Mapped[list[Account]] = relationship(back_populates="team")
     __table_args__ = (

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.accounts import BadInvite, Conflict, bind_message, code_hash
 from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
-from coordinator.db.models import Host, Invite
+from coordinator.db.models import Host, Invite, Team
 from coordinator.services import Services
 from coordinator.signaling import HUB_KEY
 from engine.p2p.identity import Identity
@@ -96,16 +96,18 @@ async def test_allowlisted_name_needs_its_invitation_code(db: AsyncEngine, tmp_p
         code = body["code"]
         # An outsider who knows the name only (today's attack) is refused, and so is a wrong code.
         for extra in ({}, {"invite": "guess"}, {"invite": code[:-1] + ("A" if code[-1] != "A" else "B")}):
-            status, answer = await f.call("POST", "/api/accounts", {"name": "Ada", **extra})
+            status, answer = await f.call("POST", "/api/accounts", {"name": "Ada", "team": "Gang", **extra})
             assert status == 403 and answer["error"] == "invite_invalid", (extra, answer)
+        async with f.services.sessions() as session:  # and they left nothing behind, no team either
+            assert await session.scalar(select(func.count()).select_from(Team)) == 0
         # The code is for Ada only: on the allowlist's other names it is no good either.
         await f.services.accounts.update_allowlist(["Bob"], by=None)
         status, answer = await f.call("POST", "/api/accounts", {"name": "Bob", "invite": code})
         assert status == 403 and answer["error"] == "invite_invalid"
         ada_id, _ = await f.register("Ada", invite=code)
-        # Single use: the account exists, and a second use of the code is refused (as a name taken).
+        # Single use: a second use of the code is refused.
         status, answer = await f.call("POST", "/api/accounts", {"name": "Ada", "invite": code})
-        assert status == 409
+        assert (status, answer["error"]) == (403, "invite_invalid")
         # A volunteer cannot invite.
         _, volunteer = await f.call(
             "POST", "/api/admin/invites", {"name": "Eve"}, f.services.tokens.issue(ada_id, "volunteer")
@@ -386,3 +388,59 @@ async def test_the_full_hub_limits_offers_and_addresses_as_configured(
         assert hub.offers is f.services.offer_gate
         assert (hub.offers.limiter.burst, hub.offers.limiter.rate) == (5.0, 0.5)
         assert hub.address_of is f.services.client_address and hub.recheck is not None
+
+
+async def test_look_alike_team_names_are_the_same_team(db: AsyncEngine, tmp_path: Path) -> None:
+    s = await h.services(db, tmp_path)
+    first = await s.accounts.register("ada", team="Night Owls")
+    second = await s.accounts.register("bob", team="N\u0456ght Owls")  # Cyrillic i
+    third = await s.accounts.register("cy", team="Early Birds")
+    assert first.team == second.team == "Night Owls" and third.team == "Early Birds"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+async def test_the_migration_gives_existing_names_their_skeletons(tmp_path: Path, backend: str) -> None:
+    import uuid
+
+    from sqlalchemy import text
+
+    from coordinator.config import CoordinatorConfig
+    from coordinator.db.session import make_engine
+    from coordinator.migrations import migrate
+    from coordinator.services import open_services
+    from tests.dbs import POSTGRES_URL
+
+    url, schema = f"sqlite+aiosqlite:///{tmp_path / 'old.sqlite3'}", None
+    if backend == "postgres":
+        url, schema = POSTGRES_URL, f"m_{uuid.uuid4().hex[:12]}"
+        admin = make_engine(url)
+        async with admin.begin() as conn:
+            await conn.execute(text(f"CREATE SCHEMA {schema}"))
+    try:
+        await migrate(url, search_path=schema, revision="0002")  # a database of the previous release
+        engine = make_engine(url, search_path=schema)
+        async with engine.begin() as conn:
+            credit = "credit_total, credit_recent, credit_recent_at"
+            await conn.execute(text(f"INSERT INTO teams (name, {credit}) VALUES ('Owls', 0, 0, 0)"))
+            await conn.execute(
+                text(
+                    f"INSERT INTO accounts (name, role, disabled, {credit})"
+                    " VALUES ('ada', 'volunteer', false, 0, 0, 0)"
+                )
+            )
+        await engine.dispose()
+        await migrate(url, search_path=schema)
+        config = CoordinatorConfig(database_url=url, token_key_path=str(tmp_path / "k"))
+        services = await open_services(config, search_path=schema)
+        try:
+            with pytest.raises(Conflict):
+                await services.accounts.register("\u0430da")
+            bob = await services.accounts.register("bob", team="\u041ewls")  # Cyrillic O
+            assert bob.team == "Owls"
+        finally:
+            await services.close()
+    finally:
+        if schema is not None:
+            async with admin.begin() as conn:
+                await conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+            await admin.dispose()

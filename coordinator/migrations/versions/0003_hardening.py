@@ -1,4 +1,4 @@
-"""hardening: invitations, name skeletons, energy report times, credit grant times
+"""hardening: invitations, name skeletons (accounts and teams), energy report times, credit grant times
 
 Revision ID: 0003
 Revises: 0002
@@ -39,26 +39,29 @@ def upgrade() -> None:
     with op.batch_alter_table("accounts") as batch:
         batch.add_column(sa.Column("name_skeleton", sa.String(length=256), nullable=True))
         batch.create_index(batch.f("ix_accounts_name_skeleton"), ["name_skeleton"], unique=False)
+    with op.batch_alter_table("teams") as batch:
+        batch.add_column(sa.Column("name_skeleton", sa.String(length=256), nullable=True))
+        batch.create_index(batch.f("ix_teams_name_skeleton"), ["name_skeleton"], unique=False)
     with op.batch_alter_table("hosts") as batch:
         batch.add_column(sa.Column("energy_reported_at", sa.Float(), server_default="0", nullable=False))
     with op.batch_alter_table("receipts") as batch:
         batch.add_column(sa.Column("credited_at", sa.Float(), nullable=True))
 
-    accounts = sa.table(
-        "accounts",
-        sa.column("id", sa.Integer()),
-        sa.column("name", sa.String()),
-        sa.column("name_skeleton", sa.String()),
-    )
+    # Existing names get their skeletons, so new look-alikes of them are refused too.
     conn = op.get_bind()
-    rows = conn.execute(sa.select(accounts.c.id, accounts.c.name)).all()
-    if rows:
-        conn.execute(
-            accounts.update()
-            .where(accounts.c.id == sa.bindparam("k"))
-            .values(name_skeleton=sa.bindparam("s")),
-            [{"k": account_id, "s": skeleton(name)} for account_id, name in rows],
+    for name in ("accounts", "teams"):
+        table = sa.table(
+            name,
+            sa.column("id", sa.Integer()),
+            sa.column("name", sa.String()),
+            sa.column("name_skeleton", sa.String()),
         )
+        rows = conn.execute(sa.select(table.c.id, table.c.name)).all()
+        if rows:
+            conn.execute(
+                table.update().where(table.c.id == sa.bindparam("k")).values(name_skeleton=sa.bindparam("s")),
+                [{"k": row_id, "s": skeleton(text)} for row_id, text in rows],
+            )
 
 
 def downgrade() -> None:
@@ -66,6 +69,9 @@ def downgrade() -> None:
         batch.drop_column("credited_at")
     with op.batch_alter_table("hosts") as batch:
         batch.drop_column("energy_reported_at")
+    with op.batch_alter_table("teams") as batch:
+        batch.drop_index(batch.f("ix_teams_name_skeleton"))
+        batch.drop_column("name_skeleton")
     with op.batch_alter_table("accounts") as batch:
         batch.drop_index(batch.f("ix_accounts_name_skeleton"))
         batch.drop_column("name_skeleton")

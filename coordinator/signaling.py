@@ -14,8 +14,8 @@ new sockets per remote address: over the limit, the upgrade is refused with HTTP
 
 Each authenticated sender's offers pass a token bucket (``offers``): an offer over the rate is not
 relayed and its sender gets ``Error(rate_limited, ref=id)``, which fails that dial at once; the socket
-stays open. An offer the hub relayed within the last two minutes (same sender, same signature) is
-dropped silently, so replaying one never costs its recipient a second connection attempt.
+stays open. An offer the hub relayed within the last two minutes (same sender, same signed
+description) is dropped silently, so replaying one never costs its recipient a second connection attempt.
 
 ``recheck`` (the full coordinator: accounts) is asked every ``recheck_s`` which online peers must go
 (account disabled, host unbound); their sockets are closed with ``account_disabled`` at once.
@@ -25,6 +25,7 @@ dropped silently, so replaying one never costs its recipient a second connection
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
 import time
@@ -127,7 +128,8 @@ class OfferGate:
             if now - at <= self.window_s and len(self._seen) <= MAX_REMEMBERED_OFFERS:
                 break
             del self._seen[key]
-        key = (sender, bytes(signal.description.signature))
+        desc = signal.description
+        key = (sender, hashlib.blake2b(desc.signed_bytes() + desc.signature, digest_size=16).digest())
         if key in self._seen:
             return "duplicate"
         if not self.limiter.allow(sender):

@@ -90,7 +90,8 @@ def decode_progress(raw: bytes, run: str) -> LocalProgress:
 @dataclass(frozen=True)
 class Seen:
     progress: LocalProgress
-    first_seen: float  # our clock when this seq was first seen
+    first_seen: float  # our interval clock (monotonic) when this seq was first seen
+    wall: float = math.nan  # our wall clock at the same moment (for clock_offset only)
 
 
 @dataclass
@@ -103,7 +104,7 @@ class ProgressView:
     replays: int = 0
     rejected: int = 0
 
-    def update(self, records: Iterable[Record], now: float) -> None:
+    def update(self, records: Iterable[Record], now: float, wall: float = math.nan) -> None:
         """Take records from a DHT get (signatures and expiry already checked by the DHT node)."""
         for record in records:
             try:
@@ -111,9 +112,9 @@ class ProgressView:
             except BadProgress:
                 self.rejected += 1
                 continue
-            self.offer(record.owner, p, now)
+            self.offer(record.owner, p, now, wall)
 
-    def offer(self, owner: str, p: LocalProgress, now: float) -> bool:
+    def offer(self, owner: str, p: LocalProgress, now: float, wall: float = math.nan) -> bool:
         held = self.peers.get(owner)
         if held is not None:
             if p.seq < held.progress.seq:
@@ -123,7 +124,7 @@ class ProgressView:
                 if p != held.progress:  # same seq, other content: one of them is not what the owner meant
                     self.rejected += 1
                 return False
-        self.peers[owner] = Seen(p, now)
+        self.peers[owner] = Seen(p, now, wall)
         return True
 
     def active(self, now: float) -> dict[str, Seen]:
@@ -174,12 +175,12 @@ def derive_progress(
 
 
 def clock_offset(peers: Mapping[str, Seen], me: str) -> float:
-    """How far our clock seems behind the others' (median of their ``time - first_seen``), bounded.
+    """How far our wall clock seems behind the others' (median of their ``time - wall``), bounded.
 
     Writers' times include their publish-to-read delay, so this errs towards "we are behind" by about
     the DHT's latency: harmless, it only lengthens our records' expirations a little.
     """
-    diffs = [s.progress.time - s.first_seen for o, s in peers.items() if o != me]
+    diffs = [s.progress.time - s.wall for o, s in peers.items() if o != me and math.isfinite(s.wall)]
     if not diffs:
         return 0.0
     return max(-MAX_CLOCK_OFFSET_S, min(MAX_CLOCK_OFFSET_S, statistics.median(diffs)))

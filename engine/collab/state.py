@@ -163,13 +163,19 @@ class StateDonor:
         self.dht = dht
         self.run = run
         self.ttl_s = ttl_s
-        self.snapshot: Snapshot | None = None
+        self.snapshots: dict[int, Snapshot] = {}  # the latest two: a download may straddle a step
         self.parts_served = 0
         peer.handlers.add_unary(STATE_MANIFEST, self._serve_manifest)
         peer.handlers.add_unary(STATE_PART, self._serve_part)
 
+    @property
+    def snapshot(self) -> Snapshot | None:
+        return self.snapshots[max(self.snapshots)] if self.snapshots else None
+
     async def publish(self, snapshot: Snapshot) -> None:
-        self.snapshot = snapshot
+        self.snapshots[snapshot.manifest.epoch] = snapshot
+        for old in sorted(self.snapshots)[:-2]:
+            del self.snapshots[old]
         record = msgspec.msgpack.encode(StateRecord(snapshot.manifest.epoch, snapshot.manifest_hash))
         try:
             await self.dht.store(state_key(self.run), record, self.dht.clock() + self.ttl_s)
@@ -177,8 +183,9 @@ class StateDonor:
             logger.warning("publishing the state record failed: %s", e)
 
     def _current(self, msg: Message) -> Snapshot:
-        s = self.snapshot
-        if s is None or msg.fields.get("run") != self.run or msg.fields.get("epoch") != s.manifest.epoch:
+        epoch = msg.fields.get("epoch")
+        s = self.snapshots.get(epoch) if isinstance(epoch, int) else None
+        if s is None or msg.fields.get("run") != self.run:
             raise RemoteError("no_state", "no snapshot of that run and epoch here")
         return s
 

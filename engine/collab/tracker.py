@@ -80,7 +80,7 @@ class ProgressTracker:
     async def publish(self) -> bool:
         p = self.snapshot()
         expiration = self.clock() + self.offset() + self.ttl_s
-        self.view.offer(self.me, p, self.local_clock())
+        self.view.offer(self.me, p, self.local_clock(), self.clock())
         try:
             result = await self.dht.store(progress_key(self.run), encode_progress(p), expiration)
         except DHTError as e:
@@ -97,7 +97,7 @@ class ProgressTracker:
         else:
             if got.rejected:
                 logger.warning("%d progress records failed their signature or expiry check", got.rejected)
-            self.view.update(got.records.values(), self.local_clock())
+            self.view.update(got.records.values(), self.local_clock(), self.clock())
         return self.progress()
 
     def progress(self) -> CollabProgress:

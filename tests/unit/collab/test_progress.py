@@ -69,14 +69,15 @@ def test_clock_skew_does_not_change_the_derived_state() -> None:
 
 def test_clock_offset_median_and_bound() -> None:
     peers = {
-        "me": Seen(p(time=0.0), 0.0),
-        "a": Seen(p(time=180.0), 0.0),
-        "b": Seen(p(time=181.0), 0.0),
-        "c": Seen(p(time=-5000.0), 0.0),
+        "me": Seen(p(time=0.0), 0.0, 0.0),
+        "a": Seen(p(time=180.0), 7.0, 0.0),
+        "b": Seen(p(time=181.0), 7.0, 0.0),
+        "c": Seen(p(time=-5000.0), 7.0, 0.0),
+        "unknown": Seen(p(time=1e6), 7.0),  # no wall time noted: not used
     }
     assert clock_offset(peers, "me") == 180.0  # our clock is three minutes behind the majority
     assert clock_offset({"me": peers["me"]}, "me") == 0.0
-    far = {"a": Seen(p(time=1e9), 0.0)}
+    far = {"a": Seen(p(time=1e9), 0.0, 0.0)}
     assert clock_offset(far, "me") == MAX_CLOCK_OFFSET_S
 
 

@@ -16,7 +16,14 @@ Layers, bottom up (each imports only those below it)::
 """
 
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
-from .errors import BadProgress, CollabError, CorruptPart, MatchmakingFailed, PartRejected, StateDownloadFailed
+from .errors import (
+    BadProgress,
+    CollabError,
+    CorruptPart,
+    MatchmakingFailed,
+    PartRejected,
+    StateDownloadFailed,
+)
 from .group import Group
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .optimizer import CollabConfig, CollaborativeOptimizer, StepReport

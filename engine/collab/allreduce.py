@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
-from engine.wire import Compression, Kind, Message, WireError
+from engine.wire import Kind, Message, WireError
 
 from .codec import ErrorFeedback, bytes_per_element
 from .errors import PartRejected

@@ -15,7 +15,13 @@ from __future__ import annotations
 import torch
 
 from engine.wire import Compression, EncodeError
-from engine.wire.compression import DEFAULT_BLOCK_SIZE, dequantize_int8, from_float16, quantize_int8, to_float16
+from engine.wire.compression import (
+    DEFAULT_BLOCK_SIZE,
+    dequantize_int8,
+    from_float16,
+    quantize_int8,
+    to_float16,
+)
 
 __all__ = ["ErrorFeedback", "bytes_per_element", "roundtrip"]
 

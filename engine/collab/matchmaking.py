@@ -60,7 +60,9 @@ class _Lead:
     bandwidth: float
     client: bool
     joiners: dict[str, tuple[float, bool]] = field(default_factory=dict)
-    result: asyncio.Future[Group | str] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+    result: asyncio.Future[Group | str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
 
     @property
     def frozen(self) -> bool:

@@ -145,7 +145,9 @@ class CollaborativeOptimizer:
         if now - self._rate_since >= 1.0:
             rate = self._rate_samples / (now - self._rate_since)
             c = self.tracker.local
-            c.samples_per_second = rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
+            c.samples_per_second = (
+                rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
+            )
             self._rate_since, self._rate_samples = now, 0
         self.tracker.local.epoch = self.epoch
         self.tracker.local.samples = self.samples
@@ -175,11 +177,15 @@ class CollaborativeOptimizer:
         return progress.ready or progress.eta_s <= lead_time / 2
 
     async def _catch_up(self, progress: CollabProgress) -> None:
-        logger.info("the collaboration is at epoch %d, we are at %d: taking its state", progress.epoch, self.epoch)
+        logger.info(
+            "the collaboration is at epoch %d, we are at %d: taking its state", progress.epoch, self.epoch
+        )
         try:
             await self.download()
         except StateDownloadFailed as e:
-            logger.warning("could not take the state of epoch %d (%s); going on from our own", progress.epoch, e)
+            logger.warning(
+                "could not take the state of epoch %d (%s); going on from our own", progress.epoch, e
+            )
             self.epoch = progress.epoch
             self.grad.zero_()
             self.samples = 0

@@ -94,7 +94,9 @@ class PartReducer:
         reason = None
         if values.dtype != torch.float32 or values.numel() != b - a:
             reason = f"chunk {c} has {values.numel()} {values.dtype} values, expected {b - a} float32"
-        elif not isinstance(weight, int | float) or not math.isfinite(weight) or not 0 <= weight <= MAX_WEIGHT:
+        elif (
+            not isinstance(weight, int | float) or not math.isfinite(weight) or not 0 <= weight <= MAX_WEIGHT
+        ):
             reason = f"weight {weight!r} is not in [0, {MAX_WEIGHT:g}]"
         elif not bool(torch.isfinite(values).all()):
             reason = f"chunk {c} holds non-finite values"

@@ -116,7 +116,9 @@ def take_snapshot(
     return Snapshot(manifest, blob, raw, hashlib.sha256(raw).digest())
 
 
-def load_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, manifest: Manifest, blob: bytearray) -> None:
+def load_snapshot(
+    model: nn.Module, optimizer: torch.optim.Optimizer, manifest: Manifest, blob: bytearray
+) -> None:
     """Copy a verified snapshot into ``model`` and ``optimizer``; StateDownloadFailed if shapes differ."""
     params = dict(model.named_parameters())
     plist = list(model.parameters())
@@ -148,8 +150,8 @@ def load_snapshot(model: nn.Module, optimizer: torch.optim.Optimizer, manifest: 
     if offset != len(blob):
         raise StateDownloadFailed("manifest and state sizes differ")
     with torch.no_grad():
-        for p, value in loads:
-            p.copy_(value)
+        for target, value in loads:
+            target.copy_(value)
     sd = optimizer.state_dict()
     sd["state"] = opt_state
     optimizer.load_state_dict(sd)

@@ -41,7 +41,8 @@ async def test_weighted_average_with_a_client(make_peer: MakePeer, comp: Compres
     expected = sum(w * v for w, v in zip(weights, vectors, strict=True)) / sum(weights)
     work = [v.clone() for v in vectors]
     reports = await asyncio.wait_for(
-        asyncio.gather(*(s.all_reduce(group, w, wt) for s, w, wt in zip(svcs, work, weights, strict=True))), 60
+        asyncio.gather(*(s.all_reduce(group, w, wt) for s, w, wt in zip(svcs, work, weights, strict=True))),
+        60,
     )
     assert all(r.complete for r in reports), reports
     for w in work[1:]:
@@ -63,9 +64,13 @@ async def test_a_member_sending_bad_parts_is_excluded_and_named(
     liar: Peer = svcs[2].peer
     vectors = [torch.full((SIZE,), 1.0), torch.full((SIZE,), 3.0)]
     with caplog.at_level(logging.WARNING):
-        honest = asyncio.gather(*(s.all_reduce(group, v, 1.0) for s, v in zip(svcs[:2], vectors, strict=True)))
+        honest = asyncio.gather(
+            *(s.all_reduce(group, v, 1.0) for s, v in zip(svcs[:2], vectors, strict=True))
+        )
         with pytest.raises(RemoteError, match=why):
-            await liar.call(svcs[0].me, REDUCE, {"round": group.round_id, "chunk": 0, "weight": 1.0}, [bad], timeout=30)
+            await liar.call(
+                svcs[0].me, REDUCE, {"round": group.round_id, "chunk": 0, "weight": 1.0}, [bad], timeout=30
+            )
         reports = await asyncio.wait_for(honest, 60)
     assert liar.peer_id in reports[0].excluded and why in reports[0].excluded[liar.peer_id]
     assert f"excluded {liar.peer_id}" in caplog.text
@@ -105,10 +110,16 @@ async def test_a_peer_joining_mid_round_is_refused_and_changes_nothing(make_peer
     running = asyncio.gather(*(s.all_reduce(group, v, 1.0) for s, v in zip(svcs, vectors, strict=True)))
     with pytest.raises(RemoteError, match="not a member"):
         await newcomer.call(
-            svcs[0].me, REDUCE, {"round": group.round_id, "chunk": 0, "weight": 1.0}, [torch.ones(CHUNK)], timeout=30
+            svcs[0].me,
+            REDUCE,
+            {"round": group.round_id, "chunk": 0, "weight": 1.0},
+            [torch.ones(CHUNK)],
+            timeout=30,
         )
     reports = await asyncio.wait_for(running, 60)
     assert all(r.complete for r in reports)
     assert torch.equal(vectors[0], torch.full((SIZE,), 3.0))
-    with pytest.raises(RemoteError, match="unknown_round|no round"):
-        await newcomer.call(svcs[0].me, REDUCE, {"round": "nope", "chunk": 0, "weight": 1.0}, [torch.ones(3)], timeout=30)
+    with pytest.raises(RemoteError, match=r"unknown_round|no round"):
+        await newcomer.call(
+            svcs[0].me, REDUCE, {"round": "nope", "chunk": 0, "weight": 1.0}, [torch.ones(3)], timeout=30
+        )

@@ -22,7 +22,9 @@ from engine.wire import Kind, Message
 from tests.integration.conftest import MakePeer
 
 
-async def dht_swarm(make_peer: MakePeer, n: int, clocks: list[Callable[[], float]] | None = None) -> list[DHTNode]:
+async def dht_swarm(
+    make_peer: MakePeer, n: int, clocks: list[Callable[[], float]] | None = None
+) -> list[DHTNode]:
     peers = [await make_peer() for _ in range(n)]
     clocks = clocks or [time.time] * n
     nodes = [
@@ -43,7 +45,9 @@ def peer_of(node: DHTNode) -> Peer:
 async def test_progress_through_the_dht_with_clocks_off_by_minutes(make_peer: MakePeer) -> None:
     clocks = [time.time, lambda: time.time() - 240, lambda: time.time() + 240]  # 4 min slow, 4 min fast
     nodes = await dht_swarm(make_peer, 3, clocks)
-    trackers = [ProgressTracker(n, "run", target=100, ttl_s=60, clock=c) for n, c in zip(nodes, clocks, strict=True)]
+    trackers = [
+        ProgressTracker(n, "run", target=100, ttl_s=60, clock=c) for n, c in zip(nodes, clocks, strict=True)
+    ]
     for i, t in enumerate(trackers):
         t.local.samples, t.local.samples_per_second = 10 * (i + 1), 1.0
     await trackers[0].publish()
@@ -74,8 +78,14 @@ async def test_forged_replayed_and_expired_progress_records_are_refused(make_pee
     assert (await reader.refresh()).samples >= 50
 
     # forged: bob's key and a real signature, over other content (a lying replica serves it)
-    forged = Record(key, "", encode_progress(LocalProgress("run", 9, 10**6, 0.0, 0.0, 3)), new_record.expiration + 5,
-                    new_record.public_key, new_record.signature)
+    forged = Record(
+        key,
+        "",
+        encode_progress(LocalProgress("run", 9, 10**6, 0.0, 0.0, 3)),
+        new_record.expiration + 5,
+        new_record.public_key,
+        new_record.signature,
+    )
     # replayed: bob's genuine older record, served by replicas that lost the newer one
     # expired: a genuine record whose lifetime is over
     expired = sign_record(peer_of(alice).identity, key, encode_progress(new), time.time() - 1)
@@ -123,7 +133,9 @@ def collab(node: DHTNode, model: nn.Module, target: int = 64, **kw: object) -> C
         matchmaking=MatchmakingConfig(gather_s=1.5, join_timeout=20),
         **kw,  # type: ignore[arg-type]
     )
-    return CollaborativeOptimizer(model, torch.optim.Adam(model.parameters(), lr=1e-2), peer_of(node), node, config)
+    return CollaborativeOptimizer(
+        model, torch.optim.Adam(model.parameters(), lr=1e-2), peer_of(node), node, config
+    )
 
 
 async def train_until(opt: CollaborativeOptimizer, epoch: int, seed: int, deadline_s: float = 60) -> None:

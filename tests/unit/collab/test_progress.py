@@ -63,7 +63,10 @@ def test_extrapolation_is_bounded_and_idle_eta_is_infinite() -> None:
 def test_clock_skew_does_not_change_the_derived_state() -> None:
     # the writers' clocks differ by minutes; readers only use their own first-seen times
     honest = {"a": Seen(p(1, 10, 5.0, time=1000.0), 0.0), "b": Seen(p(1, 10, 5.0, time=1000.0), 0.0)}
-    skewed = {"a": Seen(p(1, 10, 5.0, time=1000.0 - 300), 0.0), "b": Seen(p(1, 10, 5.0, time=1000.0 + 240), 0.0)}
+    skewed = {
+        "a": Seen(p(1, 10, 5.0, time=1000.0 - 300), 0.0),
+        "b": Seen(p(1, 10, 5.0, time=1000.0 + 240), 0.0),
+    }
     assert derive_progress(honest, 3.0, 100) == derive_progress(skewed, 3.0, 100)
 
 

@@ -45,9 +45,8 @@ async def test_bad_chunks_exclude_the_sender_by_name(
     values: torch.Tensor, weight: float, why: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     r = PartReducer(group(), "me", chunk=4, stall_timeout=5)
-    with caplog.at_level(logging.WARNING):
-        with pytest.raises(PartRejected, match=why):
-            r.add("a", 0, values, weight)
+    with caplog.at_level(logging.WARNING), pytest.raises(PartRejected, match=why):
+        r.add("a", 0, values, weight)
     assert "a" in r.excluded and "excluded a" in caplog.text
     with pytest.raises(PartRejected, match="excluded"):
         r.add("a", 1, torch.ones(4), 1.0)

@@ -42,6 +42,7 @@ __all__ = [
     "CollaborativeOptimizer",
     "CorruptPart",
     "Group",
+    "GroupClosed",
     "LocalProgress",
     "Matchmaker",
     "MatchmakingConfig",

@@ -4,6 +4,7 @@
     ├── BadProgress          a progress record that is undecodable, forged, replayed or names another run
     ├── PartRejected         an all-reduce part of the wrong size, non-finite, from a non-member, or late
     ├── MatchmakingFailed    no group could be formed for an epoch (the peer steps alone and logs so)
+    │   └── GroupClosed      the others formed theirs without us: we skip the step and take their state
     └── StateDownloadFailed  no donor could serve a verified copy of the collaboration's state
         └── CorruptPart      one part did not match the hash the donors' signed records agree on
 
@@ -27,6 +28,10 @@ class PartRejected(CollabError):
 
 
 class MatchmakingFailed(CollabError):
+    pass
+
+
+class GroupClosed(MatchmakingFailed):
     pass
 
 

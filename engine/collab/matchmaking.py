@@ -29,7 +29,7 @@ from engine.dht import DHTError, DHTNode
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
 from engine.wire import Compression, Kind, Message
 
-from .errors import MatchmakingFailed
+from .errors import GroupClosed, MatchmakingFailed
 from .group import MAX_GROUP_SIZE, Group, decode_group, encode_group
 from .partition import balance_parts
 
@@ -148,6 +148,10 @@ class Matchmaker:
         for _ in range(MAX_REDIRECTS + 1):
             try:
                 reply = await self.peer.call(leader, JOIN, fields, timeout=self.config.join_timeout)
+            except RemoteError as e:
+                if e.code == "closed":
+                    raise GroupClosed(f"epoch {lead.epoch}: leader {leader[:12]} formed its group") from e
+                raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} refused: {e}") from e
             except (P2PError, TimeoutError) as e:
                 raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} failed: {e}") from e
             redirect = reply.fields.get("redirect")

@@ -26,7 +26,7 @@ from engine.wire import Compression
 
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
 from .codec import ErrorFeedback
-from .errors import MatchmakingFailed, StateDownloadFailed
+from .errors import GroupClosed, MatchmakingFailed, StateDownloadFailed
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .progress import CollabProgress
 from .state import DownloadReport, StateDonor, download_state, load_snapshot, take_snapshot
@@ -91,6 +91,8 @@ class CollaborativeOptimizer:
         self._last_refresh = -math.inf
         self._rate_since = time.monotonic()
         self._rate_samples = 0
+        self._diverged_at: float | None = None  # when we last stepped without the others
+        self._behind_since: float | None = None  # when we first saw the others an epoch ahead
 
     # -- joining ---------------------------------------------------------------------------------
 
@@ -109,12 +111,19 @@ class CollaborativeOptimizer:
         self._last_publish = time.monotonic()
         return report
 
-    async def download(self) -> DownloadReport:
-        manifest, blob, report = await download_state(self.peer, self.dht, self.config.run)
+    async def download(self, min_epoch: int = 0, keep_grads: bool = False) -> DownloadReport:
+        """Take the agreed state; ``keep_grads`` carries this epoch's accumulated gradients over."""
+        unlike = b""
+        if min_epoch and self.donor is not None and self.donor.snapshot is not None:
+            unlike = self.donor.snapshot.manifest_hash
+        manifest, blob, report = await download_state(
+            self.peer, self.dht, self.config.run, min_epoch=min_epoch, unlike=unlike
+        )
         load_snapshot(self.model, self.optimizer, manifest, blob)
         self.epoch = manifest.epoch
-        self.grad.zero_()
-        self.samples = 0
+        if not keep_grads:
+            self.grad.zero_()
+            self.samples = 0
         self.downloads.append(report)
         logger.info(
             "took the state of epoch %d from %d donors in %.2f s (corrupt: %s)",
@@ -160,37 +169,60 @@ class CollaborativeOptimizer:
         if now - self._last_publish >= self.config.publish_period_s:
             self._last_publish = now
             await self.tracker.publish()
-        if now - self._last_refresh >= self.config.refresh_period_s:
+        refreshed = now - self._last_refresh >= self.config.refresh_period_s
+        if refreshed:
             self._last_refresh = now
             progress = await self.tracker.refresh()
         else:
             progress = self.tracker.progress()
         if progress.epoch > self.epoch:
-            await self._catch_up(progress)
+            if refreshed:
+                await self._catch_up(progress)
             return None
+        if self._diverged_at is not None and now - self._diverged_at > self.config.matchmaking.gather_s * 3:
+            await self._resync()
         if self._due(progress):
             return await self.global_step()
         return None
 
     def _due(self, progress: CollabProgress) -> bool:
-        lead_time = self.config.matchmaking.gather_s
-        return progress.ready or progress.eta_s <= lead_time / 2
+        # Start matching a little early: the others notice the target only one refresh later.
+        lead_time = self.config.refresh_period_s + self.config.matchmaking.gather_s / 2
+        return progress.ready or progress.eta_s <= lead_time
 
     async def _catch_up(self, progress: CollabProgress) -> None:
         logger.info(
             "the collaboration is at epoch %d, we are at %d: taking its state", progress.epoch, self.epoch
         )
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
         try:
-            await self.download()
+            await self.download(min_epoch=progress.epoch, keep_grads=True)
         except StateDownloadFailed as e:
+            patience = 3 * self.config.matchmaking.gather_s + self.config.allreduce.stall_timeout
+            if now - self._behind_since < patience:
+                return  # its donors may not have published yet: try again at the next refresh
             logger.warning(
                 "could not take the state of epoch %d (%s); going on from our own", progress.epoch, e
             )
             self.epoch = progress.epoch
             self.grad.zero_()
             self.samples = 0
+        self._behind_since = None
         self._sync_tracker()
         await self.tracker.publish()
+
+    async def _resync(self) -> None:
+        """After a step without the others our parameters differ from theirs: take the state most
+        donors of our epoch agree on (when it is not ours), once they have published it."""
+        self._diverged_at = None
+        try:
+            report = await self.download(min_epoch=self.epoch)
+        except StateDownloadFailed as e:
+            logger.info("epoch %d: no other state to resync with (%s)", self.epoch, e)
+            return
+        logger.info("epoch %d: resynced with %d donors after stepping alone", self.epoch, len(report.donors))
 
     async def global_step(self) -> StepReport:
         epoch = self.epoch + 1
@@ -202,6 +234,15 @@ class CollaborativeOptimizer:
             self.grad.div_(samples)
         try:
             group = await self.matchmaker.form_group(epoch, self.size, bandwidth, self.config.client)
+        except GroupClosed as e:
+            # The others are stepping without us: keep our gradients for the next epoch and take
+            # their state once they publish it (step() sees their epoch ahead of ours).
+            if samples > 0:
+                self.grad.mul_(samples)
+            logger.info("%s; skipping this step, will take its result", e)
+            out = StepReport(self.epoch, 0, 0, None, str(e))
+            self.reports.append(out)
+            return out
         except MatchmakingFailed as e:
             alone = str(e)
             logger.warning("epoch %d: stepping with local gradients only: %s", epoch, e)
@@ -227,14 +268,17 @@ class CollaborativeOptimizer:
             offset += n
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        others = self.tracker.progress().peers > 1
+        if others and (alone is not None or (report is not None and not report.complete)):
+            self._diverged_at = time.monotonic()
         self.grad.zero_()
         self.samples = 0
         self.epoch = epoch
+        if self.donor is not None:  # state first: whoever sees our new epoch can take it at once
+            await self.donor.publish(take_snapshot(self.config.run, epoch, self.model, self.optimizer))
         self._sync_tracker()
         await self.tracker.publish()
         self._last_publish = time.monotonic()
-        if self.donor is not None:
-            await self.donor.publish(take_snapshot(self.config.run, epoch, self.model, self.optimizer))
         out = StepReport(epoch, report.group_size if report else 1, samples, report, alone)
         self.reports.append(out)
         return out

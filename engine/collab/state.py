@@ -242,10 +242,15 @@ async def read_state_records(dht: DHTNode, run: str, exclude: str) -> dict[str, 
 
 
 async def download_state(
-    peer: Peer, dht: DHTNode, run: str, *, timeout: float = 30.0
+    peer: Peer, dht: DHTNode, run: str, *, timeout: float = 30.0, min_epoch: int = 0, unlike: bytes = b""
 ) -> tuple[Manifest, bytearray, DownloadReport]:
+    """``min_epoch``: refuse older state; ``unlike``: nothing to do if the agreed hash is this one."""
     started = time.monotonic()
     epoch, digest, donors = choose_state(await read_state_records(dht, run, exclude=peer.peer_id))
+    if epoch < min_epoch:
+        raise StateDownloadFailed(f"the newest state donors vouch for is epoch {epoch}, not {min_epoch}")
+    if digest == unlike:
+        raise StateDownloadFailed("the donors vouch for the state we already hold")
     report = DownloadReport(epoch, donors)
     fields: dict[str, object] = {"run": run, "epoch": epoch}
     manifest = None

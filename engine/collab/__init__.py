@@ -20,6 +20,7 @@ from .errors import (
     BadProgress,
     CollabError,
     CorruptPart,
+    GroupClosed,
     MatchmakingFailed,
     PartRejected,
     StateDownloadFailed,

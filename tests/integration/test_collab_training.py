@@ -10,7 +10,14 @@ import pytest
 import torch
 from torch import nn
 
-from engine.collab import CollabConfig, CollaborativeOptimizer, MatchmakingConfig, ProgressTracker
+from engine.collab import (
+    CollabConfig,
+    CollaborativeOptimizer,
+    GroupClosed,
+    Matchmaker,
+    MatchmakingConfig,
+    ProgressTracker,
+)
 from engine.collab.allreduce import AllReduceConfig
 from engine.collab.progress import LocalProgress, encode_progress, progress_key
 from engine.collab.state import STATE_PART, StateDonor, download_state, take_snapshot
@@ -218,3 +225,23 @@ async def test_all_peers_but_one_leave_and_it_trains_on_alone(
     assert survivor.epoch == start + 2
     last = survivor.reports[-1]
     assert last.group_size == 1 and last.alone_because is not None
+
+
+async def test_matchmaking_forms_one_group_and_refuses_a_latecomer(make_peer: MakePeer) -> None:
+    nodes = sorted(await dht_swarm(make_peer, 4), key=lambda n: n.peer_id)
+    config = MatchmakingConfig(gather_s=1.0, join_timeout=15)
+    mms = [Matchmaker(peer_of(n), n, "run", config) for n in nodes]
+    on_time, late = mms[:3], mms[3]  # the latecomer has the largest id, so it cannot be the leader
+    groups = await asyncio.gather(
+        *(m.form_group(1, 1000, 1e6, client=(i == 2)) for i, m in enumerate(on_time))
+    )
+    assert all(g == groups[0] for g in groups)  # every member got the very same group from the leader
+    group = groups[0]
+    assert set(group.members) == {n.peer_id for n in nodes[:3]} and group.members[0] == nodes[0].peer_id
+    assert group.parts[group.index(nodes[2].peer_id)] == 0  # the client reduces nothing
+    assert sum(group.parts) == 1000 and all(group.parts[group.index(n.peer_id)] > 0 for n in nodes[:2])
+    with pytest.raises(GroupClosed):
+        await late.form_group(1, 1000, 1e6)
+    # the next epoch is open to everyone again
+    groups = await asyncio.gather(*(m.form_group(2, 1000, 1e6) for m in mms))
+    assert all(len(g.members) == 4 and g == groups[0] for g in groups)

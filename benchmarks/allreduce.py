@@ -12,7 +12,7 @@ the seconds the slowest peer needs to move its traffic at its measured rate
 included); ``rss_over_baseline_mib`` is that minus the peak before the vector was allocated, and
 ``rss_vs_vector`` the latter over the vector's size (target <= 2.5).
 
-    .venv/bin/python benchmarks/allreduce.py --quick    # 1M parameters, within 60 s
+    .venv/bin/python benchmarks/allreduce.py --quick    # 500k parameters, within 60 s unloaded
     .venv/bin/python benchmarks/allreduce.py            # 25M parameters
 """
 
@@ -158,13 +158,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="1M parameters, 2 repeats: within 60 s")
+    parser.add_argument("--quick", action="store_true", help="500k parameters, 2 repeats")
     parser.add_argument("--params", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
-    n = args.params or (1_000_000 if args.quick else 25_000_000)
+    n = args.params or (500_000 if args.quick else 25_000_000)
     repeats = args.repeats or (2 if args.quick else 3)
-    probe_bytes = 8 * MIB if args.quick else 32 * MIB
+    probe_bytes = 4 * MIB if args.quick else 32 * MIB
 
     import torch
 

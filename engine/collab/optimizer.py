@@ -22,6 +22,7 @@ from torch import nn
 
 from engine.dht import DHTNode
 from engine.p2p import Peer
+from engine.p2p.ice_stats import selected_candidate_types
 from engine.wire import Compression
 
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
@@ -42,6 +43,7 @@ class CollabConfig:
     compression: Compression = Compression.NONE
     client: bool = False
     bandwidth: float = 10e6  # bytes/s each way until a round has measured it
+    min_reducer_bandwidth: float = 1e5  # below this (bytes/s) a peer only sends and receives
     publish_period_s: float = 1.0
     refresh_period_s: float = 0.5
     serve_state: bool = True
@@ -226,14 +228,15 @@ class CollaborativeOptimizer:
 
     async def global_step(self) -> StepReport:
         epoch = self.epoch + 1
-        bandwidth = 0.0 if self.config.client else self.bandwidth
+        client = self.acts_as_client()
+        bandwidth = 0.0 if client else self.bandwidth
         alone = None
         report = None
         samples = self.samples
         if samples > 0:
             self.grad.div_(samples)
         try:
-            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, self.config.client)
+            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client)
         except GroupClosed as e:
             # The others are stepping without us: keep our gradients for the next epoch and take
             # their state once they publish it (step() sees their epoch ahead of ours).
@@ -282,6 +285,13 @@ class CollaborativeOptimizer:
         out = StepReport(epoch, report.group_size if report else 1, samples, report, alone)
         self.reports.append(out)
         return out
+
+    def acts_as_client(self) -> bool:
+        """Clients send and receive but reduce nothing: peers told so, slow ones, and relayed ones (a
+        relay's bandwidth is shared and paid for; reducing through it would slow the whole group)."""
+        if self.config.client or self.bandwidth < self.config.min_reducer_bandwidth:
+            return True
+        return any("relay" in (selected_candidate_types(link.pc) or ()) for link in self.peer.links.values())
 
     def _learn_bandwidth(self, report: RoundReport) -> None:
         moved = max(report.bytes_sent, report.bytes_received)

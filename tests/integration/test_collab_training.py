@@ -25,7 +25,7 @@ from engine.dht import DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.dht.records import Record, encode_record, sign_record
 from engine.p2p import CallContext, Peer
-from engine.wire import Kind, Message
+from engine.wire import Compression, Kind, Message
 from tests.integration.conftest import MakePeer
 
 
@@ -245,3 +245,22 @@ async def test_matchmaking_forms_one_group_and_refuses_a_latecomer(make_peer: Ma
     # the next epoch is open to everyone again
     groups = await asyncio.gather(*(m.form_group(2, 1000, 1e6) for m in mms))
     assert all(len(g.members) == 4 and g == groups[0] for g in groups)
+
+
+async def test_int8_rounds_with_a_client_trainer_step_identically(make_peer: MakePeer) -> None:
+    nodes = await dht_swarm(make_peer, 3)
+    opts = [
+        collab(n, tiny_model(), compression=Compression.INT8, client=(i == 2)) for i, n in enumerate(nodes)
+    ]
+    assert opts[2].acts_as_client() and not opts[0].acts_as_client()
+    for o in opts:
+        await o.join()
+    await asyncio.gather(*(train_until(o, 2, seed=i) for i, o in enumerate(opts)))
+    rounds = [r.round for o in opts for r in o.reports if r.round is not None]
+    assert rounds, "no round was averaged"
+    full = [o for o in opts if all(r.group_size == 3 and r.round and r.round.complete for r in o.reports)]
+    if len(full) == 3:  # every step taken together: int8 averages are the same bits on every member
+        for o in full[1:]:
+            for a, b in zip(o.model.parameters(), full[0].model.parameters(), strict=True):
+                assert torch.equal(a, b)
+    assert opts[0].feedback.residual is not None and bool(opts[0].feedback.residual.abs().sum() > 0)

@@ -100,14 +100,22 @@ class Snapshot:
 def take_snapshot(
     run: str, epoch: int, model: nn.Module, optimizer: torch.optim.Optimizer, part_bytes: int = PART_BYTES
 ) -> Snapshot:
-    entries, pieces = [], []
-    for name, t in state_tensors(model, optimizer):
+    tensors = state_tensors(model, optimizer)
+    entries = []
+    for name, t in tensors:
         dtype = next((k for k, v in DTYPES.items() if v == t.dtype), None)
         if dtype is None:
             raise StateDownloadFailed(f"state tensor {name} has unsupported dtype {t.dtype}")
         entries.append(TensorEntry(name, dtype, list(t.shape)))
-        pieces.append(t.contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-    blob = bytearray(b"".join(pieces))
+    # one copy of the state: each tensor's bytes go straight into the blob
+    blob = bytearray(sum(t.numel() * t.element_size() for _, t in tensors))
+    offset = 0
+    for _, t in tensors:
+        n = t.numel() * t.element_size()
+        if n:
+            view = torch.frombuffer(blob, dtype=torch.uint8, count=n, offset=offset)
+            view.copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+        offset += n
     hashes = [
         hashlib.sha256(memoryview(blob)[a : a + part_bytes]).digest() for a in range(0, len(blob), part_bytes)
     ]

@@ -137,7 +137,7 @@ class ProgressView:
 
 @dataclass(frozen=True)
 class CollabProgress:
-    epoch: int  # the newest epoch any active peer is in
+    epoch: int  # the newest epoch at least half of the active peers have reached
     samples: float  # accumulated towards the next step by peers in that epoch (extrapolated)
     target: int
     samples_per_second: float  # of the peers in that epoch
@@ -157,7 +157,10 @@ def derive_progress(
         raise ValueError("target batch size must be positive")
     if not peers:
         return CollabProgress(0, 0.0, target, 0.0, 0, math.inf)
-    epoch = max(s.progress.epoch for s in peers.values())
+    # The newest epoch at least half the peers have reached: one peer (honest but alone, or lying in
+    # its own signed record) cannot drag everyone to an epoch nobody else is in.
+    epochs = sorted((s.progress.epoch for s in peers.values()), reverse=True)
+    epoch = epochs[(len(epochs) + 1) // 2 - 1]
     current = [s for s in peers.values() if s.progress.epoch == epoch]
     samples = 0.0
     rate = 0.0

@@ -107,3 +107,16 @@ def test_view_forgets_stale_writers_and_rejects_records_of_other_runs() -> None:
     other_run = LocalProgress("other", 0, 1, 0.0, 0.0, 1)
     view.update([sign_record(ident, "run.progress", encode_progress(other_run), 1e12)], now=0.0)
     assert view.rejected == 1 and not view.peers
+
+
+def test_one_peer_cannot_drag_the_collaboration_to_its_epoch() -> None:
+    honest = {name: Seen(p(5, 10, 1.0), 0.0) for name in "abcd"}
+    liar = {"evil": Seen(p(10**9, 10**6, 0.0), 0.0)}
+    got = derive_progress({**honest, **liar}, 1.0, 100)
+    assert got.epoch == 5 and got.peers == 4 and got.samples < 100
+    # half the peers ahead by one (a step in progress) is a real epoch: the others will follow
+    split = {"a": Seen(p(6, 0, 0.0), 0.0), "b": Seen(p(6, 0, 0.0), 0.0), "c": Seen(p(5, 9, 0.0), 0.0)}
+    split["d"] = Seen(p(5, 9, 0.0), 0.0)
+    assert derive_progress(split, 0.0, 100).epoch == 6
+    # a newcomer at epoch 0 sees the others' epoch
+    assert derive_progress({**honest, "new": Seen(p(0), 0.0)}, 0.0, 100).epoch == 5

@@ -91,7 +91,7 @@ class Swarm:
             publish_period_s=0.1,
             refresh_period_s=0.1,
             allreduce=AllReduceConfig(chunk=1 << 14, stall_timeout=5, round_timeout=30),
-            matchmaking=MatchmakingConfig(gather_s=0.6, join_timeout=15),
+            matchmaking=MatchmakingConfig(gather_s=0.6, max_wait_s=3.0, join_timeout=15),
         )
         return CollaborativeOptimizer(model, torch.optim.Adam(model.parameters(), lr=LR), peer, node, config)
 
@@ -135,7 +135,7 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
         out["state_donors"] = len(report.parts_from) if report else 0
         opts.append(late)
         tasks.append(asyncio.create_task(run_trainer(late, data, RATES[3], steps, seed=99)))
-    await asyncio.gather(*tasks[:3], *tasks[4:])
+    await asyncio.gather(*(t for i, t in enumerate(tasks) if not (churn and i == 3)))
     live = [o for i, o in enumerate(opts) if not (churn and i == 3)]
     out["acc"] = accuracy(opts[0].model, data)
     out["identical"] = all(
@@ -145,6 +145,10 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
     )
     out["samples"] = sum(r.samples for o in opts for r in o.reports)
     out["alone_steps"] = sum(1 for o in opts for r in o.reports if r.group_size == 1)
+    out["late_skips"] = sum(1 for o in opts for r in o.reports if r.group_size == 0)
+    out["incomplete_rounds"] = sum(1 for o in opts for r in o.reports if r.round and not r.round.complete)
+    out["epochs"] = [o.epoch for o in opts]
+    out["downloads"] = sum(len(o.downloads) for o in opts)
     await swarm.stop()
     return out
 
@@ -183,6 +187,10 @@ async def main_async(steps: int) -> dict[str, Any]:
         "churn_identical_models": churn["identical"],
         "state_download_s": churn.get("state_download_s"),
         "alone_steps": collab["alone_steps"] + churn["alone_steps"],
+        "late_skips": collab["late_skips"] + churn["late_skips"],
+        "incomplete_rounds": collab["incomplete_rounds"] + churn["incomplete_rounds"],
+        "collab_epochs": collab["epochs"],
+        "state_downloads": collab["downloads"] + churn["downloads"],
         "seconds": elapsed,
         "load_avg_1m": os.getloadavg()[0],
     }

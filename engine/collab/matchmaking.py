@@ -18,9 +18,11 @@ Wire::
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -48,6 +50,7 @@ class Declaration(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_f
 @dataclass
 class MatchmakingConfig:
     gather_s: float = 2.0
+    max_wait_s: float = 8.0  # a leader waits this long at most for the peers it expects
     join_timeout: float = 20.0
     ttl_s: float = 120.0
     compression: Compression = Compression.NONE
@@ -59,7 +62,9 @@ class _Lead:
     size: int
     bandwidth: float
     client: bool
+    expected: frozenset[str] = frozenset()
     joiners: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     result: asyncio.Future[Group | str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
@@ -87,9 +92,14 @@ class Matchmaker:
     def me(self) -> str:
         return self.peer.peer_id
 
-    async def form_group(self, epoch: int, size: int, bandwidth: float, client: bool = False) -> Group:
-        """Form epoch ``epoch``'s group; MatchmakingFailed if this peer could not get into one."""
-        lead = _Lead(epoch, size, bandwidth, client)
+    async def form_group(
+        self, epoch: int, size: int, bandwidth: float, client: bool = False, expected: Iterable[str] = ()
+    ) -> Group:
+        """Form epoch ``epoch``'s group; MatchmakingFailed if this peer could not get into one.
+
+        ``expected``: the peers we believe are in this epoch too; as leader we wait for them to join
+        (up to ``max_wait_s``) rather than leave anyone who is only a little late behind."""
+        lead = _Lead(epoch, size, bandwidth, client, expected=frozenset(expected))
         self._leads[epoch] = lead
         self._started.set()
         self._started = asyncio.Event()
@@ -102,7 +112,17 @@ class Matchmaker:
                 lead.result.set_exception(MatchmakingFailed("the leader gave up"))
                 lead.result.exception()
 
+    async def _candidates(self, key: str, epoch: int) -> set[str]:
+        candidates = {self.me}
+        try:
+            got = await self.dht.get(key)
+            candidates.update(owner for owner, _ in got.records)
+        except DHTError as e:
+            logger.warning("matchmaking epoch %d: reading declarations failed: %s", epoch, e)
+        return candidates
+
     async def _form(self, lead: _Lead) -> Group:
+        started = time.monotonic()
         key = group_key(self.run, lead.epoch)
         value = msgspec.msgpack.encode(Declaration(lead.bandwidth, lead.client, lead.size))
         try:
@@ -110,20 +130,27 @@ class Matchmaker:
         except DHTError as e:
             logger.warning("matchmaking epoch %d: declaring failed: %s", lead.epoch, e)
         await asyncio.sleep(self.config.gather_s)
-        candidates = {self.me}
-        try:
-            got = await self.dht.get(key)
-            candidates.update(owner for owner, _ in got.records)
-        except DHTError as e:
-            logger.warning("matchmaking epoch %d: reading declarations failed: %s", lead.epoch, e)
-        leader = min(candidates)
-        if leader == self.me:
-            await asyncio.sleep(self.config.gather_s)
-            group = self._freeze(lead)
-            lead.result.set_result(group)
-            return group
-        lead.result.set_result(leader)  # our own joiners go there too
-        return await self._join(leader, lead)
+        earliest_freeze = time.monotonic() + self.config.gather_s  # followers who just read us: time to call
+        deadline = started + max(self.config.max_wait_s, 2 * self.config.gather_s)
+        while True:
+            leader = min(await self._candidates(key, lead.epoch))
+            if leader != self.me:  # someone smaller declared (maybe after we took the lead): follow it
+                lead.result.set_result(leader)  # our own joiners go there too
+                return await self._join(leader, lead)
+            now = time.monotonic()
+            waiting_for = lead.expected - set(lead.joiners) - {self.me}
+            if now >= deadline or (not waiting_for and now >= earliest_freeze):
+                if waiting_for:
+                    logger.info(
+                        "epoch %d: forming the group without %d expected peers", lead.epoch, len(waiting_for)
+                    )
+                group = self._freeze(lead)
+                lead.result.set_result(group)
+                return group
+            lead.changed.clear()
+            pause = min(self.config.gather_s / 2, max(0.01, deadline - now))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lead.changed.wait(), timeout=max(0.01, pause))
 
     def _freeze(self, lead: _Lead) -> Group:
         members = [self.me, *sorted(lead.joiners)]
@@ -190,6 +217,7 @@ class Matchmaker:
         if len(lead.joiners) + 1 >= MAX_GROUP_SIZE:
             raise RemoteError("closed", "group is full")
         lead.joiners[ctx.peer_id] = (float(bandwidth), client)
+        lead.changed.set()
         try:
             outcome = await asyncio.wait_for(asyncio.shield(lead.result), self.config.join_timeout)
         except (TimeoutError, MatchmakingFailed) as e:

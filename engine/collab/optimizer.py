@@ -95,6 +95,8 @@ class CollaborativeOptimizer:
         self._rate_samples = 0
         self._diverged_at: float | None = None  # when we last stepped without the others
         self._behind_since: float | None = None  # when we first saw the others an epoch ahead
+        self._last_step: float | None = None
+        self._batch_s = 0.0  # seconds between our step() calls (a batch's compute), smoothed
 
     # -- joining ---------------------------------------------------------------------------------
 
@@ -165,6 +167,16 @@ class CollaborativeOptimizer:
 
     async def step(self, batch_size: int) -> StepReport | None:
         """Call after ``loss.backward()``; returns a report when a collaborative step was taken."""
+        now = time.monotonic()
+        if self._last_step is not None:  # the batch's compute: from our last return to this call
+            gap = min(now - self._last_step, 60.0)
+            self._batch_s = gap if self._batch_s == 0 else 0.7 * self._batch_s + 0.3 * gap
+        try:
+            return await self._step(batch_size)
+        finally:
+            self._last_step = time.monotonic()
+
+    async def _step(self, batch_size: int) -> StepReport | None:
         self.accumulate(batch_size)
         self._sync_tracker()
         now = time.monotonic()
@@ -188,8 +200,9 @@ class CollaborativeOptimizer:
         return None
 
     def _due(self, progress: CollabProgress) -> bool:
-        # Start matching a little early: the others notice the target only one refresh later.
-        lead_time = self.config.refresh_period_s + self.config.matchmaking.gather_s / 2
+        # Start matching a little early: the others notice the target only one refresh later, and we
+        # look again only after our next batch, which may take a while on a slow machine.
+        lead_time = self.config.refresh_period_s + self.config.matchmaking.gather_s / 2 + self._batch_s
         return progress.ready or progress.eta_s <= lead_time
 
     async def _catch_up(self, progress: CollabProgress) -> None:
@@ -236,7 +249,7 @@ class CollaborativeOptimizer:
         if samples > 0:
             self.grad.div_(samples)
         try:
-            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client)
+            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client, self._peers_here())
         except GroupClosed as e:
             # The others are stepping without us: keep our gradients for the next epoch and take
             # their state once they publish it (step() sees their epoch ahead of ours).
@@ -285,6 +298,11 @@ class CollaborativeOptimizer:
         out = StepReport(epoch, report.group_size if report else 1, samples, report, alone)
         self.reports.append(out)
         return out
+
+    def _peers_here(self) -> set[str]:
+        """Peers whose latest progress says they are in our epoch: the group we expect to form."""
+        active = self.tracker.view.active(time.monotonic())
+        return {owner for owner, seen in active.items() if seen.progress.epoch == self.epoch}
 
     def acts_as_client(self) -> bool:
         """Clients send and receive but reduce nothing: peers told so, slow ones, and relayed ones (a

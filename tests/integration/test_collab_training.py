@@ -13,6 +13,7 @@ from torch import nn
 from engine.collab import (
     CollabConfig,
     CollaborativeOptimizer,
+    Group,
     GroupClosed,
     Matchmaker,
     MatchmakingConfig,
@@ -264,3 +265,27 @@ async def test_int8_rounds_with_a_client_trainer_step_identically(make_peer: Mak
             for a, b in zip(o.model.parameters(), full[0].model.parameters(), strict=True):
                 assert torch.equal(a, b)
     assert opts[0].feedback.residual is not None and bool(opts[0].feedback.residual.abs().sum() > 0)
+
+
+async def test_a_leader_waits_for_expected_peers_and_hands_over_to_a_smaller_id(make_peer: MakePeer) -> None:
+    small, large = sorted(await dht_swarm(make_peer, 2), key=lambda n: n.peer_id)
+    config = MatchmakingConfig(gather_s=1.0, max_wait_s=8.0, join_timeout=20)
+    first, second = (
+        Matchmaker(peer_of(small), small, "run", config),
+        Matchmaker(peer_of(large), large, "run", config),
+    )
+
+    async def late(m: Matchmaker, epoch: int, expected: set[str]) -> Group:
+        await asyncio.sleep(3.0)  # later than gather_s: without waiting, the group would be frozen
+        return await m.form_group(epoch, 100, 1.0, expected=expected)
+
+    # the leader (smallest id) is early and expects the other
+    a, b = await asyncio.gather(
+        first.form_group(1, 100, 1.0, expected={large.peer_id}), late(second, 1, {small.peer_id})
+    )
+    assert a == b and set(a.members) == {small.peer_id, large.peer_id}
+    # the larger id is early and leads for a while; the smaller declares late and takes over
+    b, a = await asyncio.gather(
+        second.form_group(2, 100, 1.0, expected={small.peer_id}), late(first, 2, {large.peer_id})
+    )
+    assert a == b and a.members[0] == small.peer_id and len(a.members) == 2

@@ -191,7 +191,11 @@ class AllReduceService:
                 local.add(self.me, c, vector[lo + c * chunk : min(hi, lo + (c + 1) * chunk)], weight)
             for c in range(n):
                 a, b = lo + c * chunk, min(hi, lo + (c + 1) * chunk)
-                vector[a:b].copy_(await local.result(self.me, c))
+                try:
+                    vector[a:b].copy_(await local.result(self.me, c))
+                except TimeoutError:  # the watchdog should have excluded whoever held it up
+                    report.failed_reducers[self.me] = f"chunk {c} of our own slice was never finished"
+                    return
                 pending[j] -= 1
             return
 

@@ -4,7 +4,7 @@ The digits task (sklearn's bundled 8x8 digits), an MLP, Adam. Three runs in one 
 
 - single: one trainer, batch ``B``, ``S`` steps (``S * B`` samples).
 - collab: 4 trainers of different speeds on real aiortc links (the coordinator's signaling on
-  loopback, a DHT over the same links), each computing batches of ``B / 4``, target batch size ``B``,
+  loopback, a DHT over the same links), each computing batches of ``B / 8``, target batch size ``B``,
   until epoch ``S``. They average gradients and all take the same ``S`` steps.
 - churn: as collab, but one trainer is killed at epoch ``S / 2`` and a new one joins at ``3 S / 4``,
   downloading parameters and optimizer state from the others (``state_download_s``).
@@ -102,7 +102,7 @@ class Swarm:
 
 async def run_trainer(opt: Any, data: Digits, rate: float, until: int, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
-    batch = B // 4
+    batch = B // 8  # a trainer's batch is small next to the target, as in DeDLOC
     while opt.epoch < until:
         started = time.monotonic()
         idx = torch.randint(0, len(data.x_train), (batch,), generator=gen)

@@ -292,6 +292,9 @@ class CollaborativeOptimizer:
         self.epoch = epoch
         if self.donor is not None:  # state first: whoever sees our new epoch can take it at once
             await self.donor.publish(take_snapshot(self.config.run, epoch, self.model, self.optimizer))
+        # Our rate is compute speed: time spent matching and averaging must not dilute it, or the ETA
+        # runs late and every epoch overshoots the target.
+        self._rate_since, self._rate_samples = time.monotonic(), 0
         self._sync_tracker()
         await self.tracker.publish()
         self._last_publish = time.monotonic()

@@ -1,0 +1,260 @@
+"""Butterfly all-reduce over the project's RPC: every member sends each reducer its slice, in chunks,
+and gets the slice's average back in the reply.
+
+Wire (``engine.p2p`` unary calls, one per chunk; the sender is the link's authenticated peer id)::
+
+    collab.reduce  {"round": str, "chunk": int, "weight": float} [float32 chunk]  ->  [float32 average]
+
+Back-pressure: at most ``window`` chunk calls are in flight per reducer, and each call's reply comes only
+when the chunk is averaged, so a member can never run ahead of the slowest live member by more than
+``window`` chunks, and the transport's credit window bounds the bytes queued on each link. The vector is
+averaged in place (each reply overwrites the chunk it answers), so a member holds its vector once, plus
+its own slice's accumulator, plus residuals when compression is lossy.
+
+Faults: a reducer that fails (call timeout, lost link, refused chunk, a reply of the wrong size or with
+non-finite values) is named in the log; the rest of its slice keeps this member's local values. The
+reducer side excludes stalled or misbehaving senders (:mod:`reducer`). The whole round is bounded by
+``round_timeout``; what has not been averaged by then stays local and the report says how much.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.p2p import CallContext, P2PError, Peer, RemoteError
+from engine.wire import Kind, Message, WireError
+
+from .codec import ErrorFeedback, bytes_per_element
+from .errors import PartRejected
+from .group import Group
+from .reducer import PartReducer
+
+logger = logging.getLogger(__name__)
+
+REDUCE = "collab.reduce"
+DEFAULT_CHUNK = 1 << 16
+
+
+@dataclass
+class RoundReport:
+    round_id: str
+    group_size: int
+    seconds: float = 0.0
+    excluded: dict[str, str] = field(default_factory=dict)  # senders my reducer dropped, with why
+    failed_reducers: dict[str, str] = field(default_factory=dict)  # reducers whose slice stayed local
+    local_elements: int = 0  # elements that kept their local values
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    timed_out: bool = False
+
+    @property
+    def complete(self) -> bool:
+        return not self.failed_reducers and not self.excluded and not self.timed_out
+
+
+@dataclass
+class AllReduceConfig:
+    chunk: int = DEFAULT_CHUNK
+    window: int = 4
+    stall_timeout: float = 10.0
+    round_timeout: float = 120.0
+    register_wait: float = 10.0  # how long a chunk waits for its round to start here
+
+
+class AllReduceService:
+    """Serves ``collab.reduce`` on ``peer`` and runs rounds. One per peer."""
+
+    def __init__(self, peer: Peer, config: AllReduceConfig | None = None) -> None:
+        self.peer = peer
+        self.config = config or AllReduceConfig()
+        self._rounds: dict[str, PartReducer] = {}
+        self._registered = asyncio.Event()
+        peer.handlers.add_unary(REDUCE, self._serve_reduce)
+
+    @property
+    def me(self) -> str:
+        return self.peer.peer_id
+
+    # -- serving ---------------------------------------------------------------------------------
+
+    async def _round(self, round_id: str) -> PartReducer | None:
+        deadline = time.monotonic() + self.config.register_wait
+        while round_id not in self._rounds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            event = self._registered
+            try:
+                await asyncio.wait_for(event.wait(), timeout=left)
+            except TimeoutError:
+                return None
+        return self._rounds[round_id]
+
+    async def _serve_reduce(self, msg: Message, ctx: CallContext) -> Message:
+        round_id = msg.fields.get("round")
+        chunk = msg.fields.get("chunk")
+        weight = msg.fields.get("weight")
+        if not isinstance(round_id, str) or not isinstance(chunk, int) or len(msg.tensors) != 1:
+            raise RemoteError("bad_request", "collab.reduce takes round, chunk, weight and one tensor")
+        reducer = await self._round(round_id)
+        if reducer is None:
+            raise RemoteError("unknown_round", f"no round {round_id!r} here (not started, or over)")
+        try:
+            reducer.add(ctx.peer_id, chunk, msg.tensors[0], weight)  # type: ignore[arg-type]
+            result = await reducer.result(ctx.peer_id, chunk)
+        except PartRejected as e:
+            raise RemoteError("rejected", str(e)) from e
+        except TimeoutError as e:
+            raise RemoteError("timeout", f"chunk {chunk} of {round_id} was not averaged in time") from e
+        return Message(Kind.RESPONSE, 0, tensors=[result], compression=reducer.compression)
+
+    # -- running a round -------------------------------------------------------------------------
+
+    async def all_reduce(
+        self,
+        group: Group,
+        vector: torch.Tensor,
+        weight: float,
+        feedback: ErrorFeedback | None = None,
+    ) -> RoundReport:
+        """Average ``vector`` (flat, float32, contiguous) in place with ``group``, weighted by ``weight``."""
+        if vector.dtype != torch.float32 or vector.dim() != 1 or vector.numel() != group.vector_size:
+            raise ValueError(f"vector must be flat float32 of {group.vector_size} elements")
+        me = group.index(self.me)
+        report = RoundReport(group.round_id, len(group.members))
+        if len(group.members) == 1:
+            return report
+        if feedback is None or feedback.size != vector.numel() or feedback.compression != group.compression:
+            feedback = ErrorFeedback(vector.numel(), group.compression)
+        reducer = None
+        if group.parts[me] > 0:
+            reducer = PartReducer(group, self.me, self.config.chunk, self.config.stall_timeout)
+            self._rounds[group.round_id] = reducer
+            self._registered.set()
+            self._registered = asyncio.Event()
+            reducer.start()
+        started = time.monotonic()
+        pending = {j: self._count_chunks(group, j) for j in range(len(group.members)) if group.parts[j] > 0}
+        try:
+            async with asyncio.timeout(self.config.round_timeout):
+                await asyncio.gather(
+                    *(self._send_part(group, j, vector, weight, feedback, report, pending) for j in pending)
+                )
+                if reducer is not None:
+                    await reducer.complete.wait()
+        except TimeoutError:
+            report.timed_out = True
+            logger.warning(
+                "round %s: not done within %.0f s; unaveraged chunks keep local values",
+                group.round_id,
+                self.config.round_timeout,
+            )
+        finally:
+            if reducer is not None:
+                reducer.stop()
+                report.excluded = dict(reducer.excluded)
+                asyncio.get_running_loop().call_later(
+                    self.config.stall_timeout, self._rounds.pop, group.round_id, None
+                )
+        for j, left in pending.items():
+            if left:
+                lo, hi = group.part_range(j)
+                report.local_elements += min(hi - lo, left * self.config.chunk)
+        report.seconds = time.monotonic() - started
+        return report
+
+    def _count_chunks(self, group: Group, j: int) -> int:
+        return -(-group.parts[j] // self.config.chunk)
+
+    async def _send_part(
+        self,
+        group: Group,
+        j: int,
+        vector: torch.Tensor,
+        weight: float,
+        feedback: ErrorFeedback,
+        report: RoundReport,
+        pending: dict[int, int],
+    ) -> None:
+        lo, hi = group.part_range(j)
+        reducer_id = group.members[j]
+        n = pending[j]
+        chunk = self.config.chunk
+        if reducer_id == self.me:
+            local = self._rounds[group.round_id]
+            for c in range(n):
+                local.add(self.me, c, vector[lo + c * chunk : min(hi, lo + (c + 1) * chunk)], weight)
+            for c in range(n):
+                a, b = lo + c * chunk, min(hi, lo + (c + 1) * chunk)
+                try:
+                    vector[a:b].copy_(await local.result(self.me, c))
+                except TimeoutError:  # the watchdog should have excluded whoever held it up
+                    report.failed_reducers[self.me] = f"chunk {c} of our own slice was never finished"
+                    return
+                pending[j] -= 1
+            return
+
+        failed: list[str] = []
+        window = asyncio.Semaphore(self.config.window)
+        call_timeout = 3 * self.config.stall_timeout + 10
+
+        async def one(c: int) -> None:
+            try:
+                a, b = lo + c * chunk, min(hi, lo + (c + 1) * chunk)
+                values, comp = feedback.apply(a, vector[a:b])
+                report.bytes_sent += int((b - a) * bytes_per_element(comp))
+                try:
+                    reply = await self.peer.call(
+                        reducer_id,
+                        REDUCE,
+                        {"round": group.round_id, "chunk": c, "weight": float(weight)},
+                        [values],
+                        timeout=call_timeout,
+                        compression=comp,
+                    )
+                except (P2PError, WireError, TimeoutError) as e:
+                    raise PartRejected(f"{type(e).__name__}: {e}") from e
+                if len(reply.tensors) != 1:
+                    raise PartRejected("reply without exactly one tensor")
+                got = reply.tensors[0]
+                if got.dtype != torch.float32 or got.numel() != b - a:
+                    raise PartRejected(f"reply of {got.numel()} {got.dtype} values, expected {b - a} float32")
+                if not bool(torch.isfinite(got).all()):
+                    raise PartRejected("reply holds non-finite values")
+                report.bytes_received += int((b - a) * bytes_per_element(group.compression))
+                if not failed:
+                    vector[a:b].copy_(got.reshape(-1))
+                    pending[j] -= 1
+            except PartRejected as e:
+                if not failed:
+                    failed.append(str(e))
+            finally:
+                window.release()
+
+        tasks = []
+        try:
+            for c in range(n):
+                await window.acquire()
+                if failed:
+                    window.release()
+                    break
+                tasks.append(asyncio.create_task(one(c)))
+            await asyncio.gather(*tasks)
+        finally:
+            for t in tasks:
+                t.cancel()
+        if failed:
+            report.failed_reducers[reducer_id] = failed[0]
+            logger.warning(
+                "round %s: reducer %s failed (%s); %d of its %d chunks keep local values",
+                group.round_id,
+                reducer_id,
+                failed[0],
+                pending[j],
+                n,
+            )

@@ -1,0 +1,68 @@
+"""A group: who averages together in one round, and which slice of the vector each of them reduces.
+
+Formed by :mod:`matchmaking` (the leader computes it once and hands the same one to every member), used
+by :mod:`allreduce`. ``parts[i]`` elements starting at ``sum(parts[:i])`` are reduced by ``members[i]``;
+a client's part is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import msgspec
+
+from engine.wire import Compression
+
+from .errors import MatchmakingFailed
+
+MAX_GROUP_SIZE = 64
+
+
+@dataclass(frozen=True)
+class Group:
+    round_id: str
+    members: tuple[str, ...]
+    parts: tuple[int, ...]
+    compression: Compression = Compression.NONE
+
+    def __post_init__(self) -> None:
+        if len(self.members) != len(self.parts) or not self.members:
+            raise MatchmakingFailed("a group has one part size per member, and at least one member")
+        if len(set(self.members)) != len(self.members) or len(self.members) > MAX_GROUP_SIZE:
+            raise MatchmakingFailed("group members must be distinct and at most 64")
+        if any(p < 0 for p in self.parts):
+            raise MatchmakingFailed("part sizes must be >= 0")
+
+    @property
+    def vector_size(self) -> int:
+        return sum(self.parts)
+
+    def index(self, peer_id: str) -> int:
+        return self.members.index(peer_id)
+
+    def part_range(self, i: int) -> tuple[int, int]:
+        lo = sum(self.parts[:i])
+        return lo, lo + self.parts[i]
+
+
+class GroupWire(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    round_id: str
+    members: list[str]
+    parts: list[int]
+    compression: int
+
+
+def encode_group(group: Group) -> bytes:
+    return msgspec.msgpack.encode(
+        GroupWire(group.round_id, list(group.members), list(group.parts), int(group.compression))
+    )
+
+
+def decode_group(raw: object) -> Group:
+    if not isinstance(raw, bytes | bytearray):
+        raise MatchmakingFailed("a group travels as bytes")
+    try:
+        w = msgspec.msgpack.decode(raw, type=GroupWire)
+        return Group(w.round_id, tuple(w.members), tuple(w.parts), Compression(w.compression))
+    except (msgspec.DecodeError, ValueError) as e:
+        raise MatchmakingFailed(f"undecodable group: {e}") from e

@@ -1,0 +1,239 @@
+"""Matchmaking: the peers due for epoch ``e``'s step form one group, through the DHT and one leader.
+
+1. Each peer declares itself under the DHT key ``<run>.group.<e>`` (its own signed slot: bandwidth,
+   client flag, vector size) and waits ``gather_s`` so that the others' declarations land.
+2. It reads the key. The smallest peer id declared is the leader. A follower calls the leader's
+   ``collab.join``; the leader accepts joins for another ``gather_s``, then freezes the group: itself
+   and every joiner, parts from :func:`~.partition.balance_parts` over their bandwidths. Every member gets
+   the same :class:`~.group.Group` in the reply, so all agree on members and parts without a clock.
+3. A leader that sees a smaller id than its own answers its joiners with a redirect (at most
+   ``MAX_REDIRECTS`` are followed). A join after the freeze is refused: that peer, and any peer whose
+   leader is unreachable, gets :class:`MatchmakingFailed` and steps with its local gradients (logged).
+
+Wire::
+
+    collab.join  {"run", "epoch", "bandwidth", "client", "size"}  ->  {"group": bytes} | {"redirect": id}
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.dht import DHTError, DHTNode
+from engine.p2p import CallContext, P2PError, Peer, RemoteError
+from engine.wire import Compression, Kind, Message
+
+from .errors import GroupClosed, MatchmakingFailed
+from .group import MAX_GROUP_SIZE, Group, decode_group, encode_group
+from .partition import balance_parts
+
+logger = logging.getLogger(__name__)
+
+JOIN = "collab.join"
+MAX_REDIRECTS = 3
+
+
+class Declaration(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    bandwidth: float
+    client: bool
+    size: int
+
+
+@dataclass
+class MatchmakingConfig:
+    gather_s: float = 2.0
+    max_wait_s: float = 8.0  # a leader waits this long at most for the peers it expects
+    join_timeout: float = 20.0
+    ttl_s: float = 120.0
+    compression: Compression = Compression.NONE
+
+
+@dataclass
+class _Lead:
+    epoch: int
+    size: int
+    bandwidth: float
+    client: bool
+    expected: frozenset[str] = frozenset()
+    joiners: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    result: asyncio.Future[Group | str] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def frozen(self) -> bool:
+        return self.result.done()
+
+
+def group_key(run: str, epoch: int) -> str:
+    return f"{run}.group.{epoch}"
+
+
+class Matchmaker:
+    def __init__(self, peer: Peer, dht: DHTNode, run: str, config: MatchmakingConfig | None = None) -> None:
+        self.peer = peer
+        self.dht = dht
+        self.run = run
+        self.config = config or MatchmakingConfig()
+        self._leads: dict[int, _Lead] = {}
+        self._started = asyncio.Event()
+        peer.handlers.add_unary(JOIN, self._serve_join)
+
+    @property
+    def me(self) -> str:
+        return self.peer.peer_id
+
+    async def form_group(
+        self, epoch: int, size: int, bandwidth: float, client: bool = False, expected: Iterable[str] = ()
+    ) -> Group:
+        """Form epoch ``epoch``'s group; MatchmakingFailed if this peer could not get into one.
+
+        ``expected``: the peers we believe are in this epoch too; as leader we wait for them to join
+        (up to ``max_wait_s``) rather than leave anyone who is only a little late behind."""
+        lead = _Lead(epoch, size, bandwidth, client, expected=frozenset(expected))
+        self._leads[epoch] = lead
+        self._started.set()
+        self._started = asyncio.Event()
+        for old in [e for e in self._leads if e < epoch - 2]:
+            del self._leads[old]
+        try:
+            return await self._form(lead)
+        finally:
+            if not lead.result.done():
+                lead.result.set_exception(MatchmakingFailed("the leader gave up"))
+                lead.result.exception()
+
+    async def _candidates(self, key: str, epoch: int) -> set[str]:
+        candidates = {self.me}
+        try:
+            got = await self.dht.get(key)
+            candidates.update(owner for owner, _ in got.records)
+        except DHTError as e:
+            logger.warning("matchmaking epoch %d: reading declarations failed: %s", epoch, e)
+        return candidates
+
+    async def _form(self, lead: _Lead) -> Group:
+        started = time.monotonic()
+        key = group_key(self.run, lead.epoch)
+        value = msgspec.msgpack.encode(Declaration(lead.bandwidth, lead.client, lead.size))
+        try:
+            await self.dht.store(key, value, self.dht.clock() + self.config.ttl_s)
+        except DHTError as e:
+            logger.warning("matchmaking epoch %d: declaring failed: %s", lead.epoch, e)
+        await asyncio.sleep(self.config.gather_s)
+        earliest_freeze = time.monotonic() + self.config.gather_s  # followers who just read us: time to call
+        deadline = started + max(self.config.max_wait_s, 2 * self.config.gather_s)
+        while True:
+            leader = min(await self._candidates(key, lead.epoch))
+            if leader != self.me:  # someone smaller declared (maybe after we took the lead): follow it
+                lead.result.set_result(leader)  # our own joiners go there too
+                return await self._join(leader, lead)
+            now = time.monotonic()
+            waiting_for = lead.expected - set(lead.joiners) - {self.me}
+            if now >= deadline or (not waiting_for and now >= earliest_freeze):
+                if waiting_for:
+                    logger.info(
+                        "epoch %d: forming the group without %d expected peers", lead.epoch, len(waiting_for)
+                    )
+                group = self._freeze(lead)
+                lead.result.set_result(group)
+                return group
+            lead.changed.clear()
+            pause = min(self.config.gather_s / 2, max(0.01, deadline - now))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lead.changed.wait(), timeout=max(0.01, pause))
+
+    def _freeze(self, lead: _Lead) -> Group:
+        members = [self.me, *sorted(lead.joiners)]
+        info = [(lead.bandwidth, lead.client), *(lead.joiners[m] for m in members[1:])]
+        bandwidths = [0.0 if client else max(bw, 1e-9) for bw, client in info]
+        if not any(bandwidths):
+            bandwidths[0] = 1.0  # somebody must reduce: the leader does
+        parts = balance_parts(lead.size, bandwidths)
+        round_id = f"{self.run}/{lead.epoch}/{self.me[:16]}"
+        if len(members) > 1:
+            logger.info("round %s: group of %d, parts %s", round_id, len(members), parts)
+        return Group(round_id, tuple(members), parts, self.config.compression)
+
+    async def _join(self, leader: str, lead: _Lead) -> Group:
+        fields = {
+            "run": self.run,
+            "epoch": lead.epoch,
+            "bandwidth": float(lead.bandwidth),
+            "client": lead.client,
+            "size": lead.size,
+        }
+        for _ in range(MAX_REDIRECTS + 1):
+            try:
+                reply = await self.peer.call(leader, JOIN, fields, timeout=self.config.join_timeout)
+            except RemoteError as e:
+                if e.code == "closed":
+                    raise GroupClosed(f"epoch {lead.epoch}: leader {leader[:12]} formed its group") from e
+                raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} refused: {e}") from e
+            except (P2PError, TimeoutError) as e:
+                raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} failed: {e}") from e
+            redirect = reply.fields.get("redirect")
+            if isinstance(redirect, str) and redirect != self.me:
+                leader = redirect
+                continue
+            group = decode_group(reply.fields.get("group"))
+            if self.me not in group.members or group.vector_size != lead.size:
+                raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} sent a group without us")
+            return group
+        raise MatchmakingFailed(f"epoch {lead.epoch}: more than {MAX_REDIRECTS} redirects")
+
+    async def _serve_join(self, msg: Message, ctx: CallContext) -> Message:
+        f = msg.fields
+        epoch, size, bandwidth, client = f.get("epoch"), f.get("size"), f.get("bandwidth"), f.get("client")
+        if (
+            f.get("run") != self.run
+            or not isinstance(epoch, int)
+            or not isinstance(size, int)
+            or not isinstance(bandwidth, int | float)
+            or not math.isfinite(bandwidth)
+            or bandwidth < 0
+            or not isinstance(client, bool)
+        ):
+            raise RemoteError("bad_request", "collab.join takes run, epoch, bandwidth, client, size")
+        lead = await self._lead_for(epoch)
+        if lead is None:
+            raise RemoteError("not_matching", f"not matchmaking for epoch {epoch}")
+        if lead.frozen:
+            outcome = lead.result.result() if lead.result.exception() is None else None
+            if isinstance(outcome, str):
+                return Message(Kind.RESPONSE, 0, fields={"redirect": outcome})
+            raise RemoteError("closed", f"epoch {epoch}'s group is already formed")
+        if size != lead.size:
+            raise RemoteError("bad_request", f"vector of {size} elements, the group averages {lead.size}")
+        if len(lead.joiners) + 1 >= MAX_GROUP_SIZE:
+            raise RemoteError("closed", "group is full")
+        lead.joiners[ctx.peer_id] = (float(bandwidth), client)
+        lead.changed.set()
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(lead.result), self.config.join_timeout)
+        except (TimeoutError, MatchmakingFailed) as e:
+            raise RemoteError("closed", f"no group for epoch {epoch}: {e}") from e
+        if isinstance(outcome, str):
+            return Message(Kind.RESPONSE, 0, fields={"redirect": outcome})
+        return Message(Kind.RESPONSE, 0, fields={"group": encode_group(outcome)})
+
+    async def _lead_for(self, epoch: int) -> _Lead | None:
+        deadline = time.monotonic() + self.config.join_timeout / 2
+        while epoch not in self._leads:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            try:
+                await asyncio.wait_for(self._started.wait(), timeout=left)
+            except TimeoutError:
+                return None
+        return self._leads[epoch]

@@ -1,0 +1,320 @@
+"""CollaborativeOptimizer: wraps a torch optimizer so that many trainers take the same steps.
+
+Each call to :meth:`step` (after ``loss.backward()``) adds this batch's gradients, weighted by its size,
+to one flat accumulator and updates the published progress. When the collaboration as a whole has
+accumulated ``target_batch_size`` samples (or will have within the matchmaking time), the peers due form
+a group, average their mean gradients weighted by their sample counts, and every member applies the
+same averaged gradient with its optimizer: identical inputs, identical steps. A peer that could not get
+into a group, or whose round lost a reducer, steps with its local gradient for what was not averaged and
+logs so. After a step a donor snapshots its state for newcomers (:mod:`state`). A peer that finds the
+collaboration ahead of it downloads the state instead of stepping.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from engine.dht import DHTNode
+from engine.p2p import Peer
+from engine.p2p.ice_stats import selected_candidate_types
+from engine.wire import Compression
+
+from .allreduce import AllReduceConfig, AllReduceService, RoundReport
+from .codec import ErrorFeedback
+from .errors import GroupClosed, MatchmakingFailed, StateDownloadFailed
+from .matchmaking import Matchmaker, MatchmakingConfig
+from .progress import CollabProgress
+from .state import DownloadReport, StateDonor, download_state, load_snapshot, take_snapshot
+from .tracker import ProgressTracker
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class CollabConfig:
+    run: str
+    target_batch_size: int
+    compression: Compression = Compression.NONE
+    client: bool = False
+    bandwidth: float = 10e6  # bytes/s each way until a round has measured it
+    min_reducer_bandwidth: float = 1e5  # below this (bytes/s) a peer only sends and receives
+    publish_period_s: float = 1.0
+    refresh_period_s: float = 0.5
+    serve_state: bool = True
+    allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
+    matchmaking: MatchmakingConfig = field(default_factory=MatchmakingConfig)
+
+
+@dataclass
+class StepReport:
+    epoch: int  # the epoch this step led into
+    group_size: int
+    samples: int  # this peer's contribution
+    round: RoundReport | None
+    alone_because: str | None = None
+
+
+class CollaborativeOptimizer:
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        peer: Peer,
+        dht: DHTNode,
+        config: CollabConfig,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.peer = peer
+        self.dht = dht
+        self.config = config
+        config.matchmaking.compression = config.compression
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.size = sum(p.numel() for p in self.params)
+        self.grad = torch.zeros(self.size, dtype=torch.float32)
+        self.samples = 0
+        self.epoch = 0
+        self.bandwidth = config.bandwidth
+        self.tracker = ProgressTracker(dht, config.run, config.target_batch_size)
+        self.tracker.local.client = config.client
+        self.service = AllReduceService(peer, config.allreduce)
+        self.matchmaker = Matchmaker(peer, dht, config.run, config.matchmaking)
+        self.donor = StateDonor(peer, dht, config.run) if config.serve_state else None
+        self.feedback = ErrorFeedback(self.size, config.compression)
+        self.reports: list[StepReport] = []
+        self.downloads: list[DownloadReport] = []
+        self._last_publish = -math.inf
+        self._last_refresh = -math.inf
+        self._rate_since = time.monotonic()
+        self._rate_samples = 0
+        self._diverged_at: float | None = None  # when we last stepped without the others
+        self._behind_since: float | None = None  # when we first saw the others an epoch ahead
+        self._last_step: float | None = None
+        self._batch_s = 0.0  # seconds between our step() calls (a batch's compute), smoothed
+
+    # -- joining ---------------------------------------------------------------------------------
+
+    async def join(self) -> DownloadReport | None:
+        """Take the collaboration's state if anyone serves it (a newcomer); publish our progress."""
+        report = None
+        progress = await self.tracker.refresh()
+        try:
+            report = await self.download()
+        except StateDownloadFailed as e:
+            if progress.epoch > 0:
+                logger.warning("joining at epoch %d without its state: %s", progress.epoch, e)
+            self.epoch = max(self.epoch, progress.epoch)
+        self._sync_tracker()
+        await self.tracker.publish()
+        self._last_publish = time.monotonic()
+        return report
+
+    async def download(self, min_epoch: int = 0, keep_grads: bool = False) -> DownloadReport:
+        """Take the agreed state; ``keep_grads`` carries this epoch's accumulated gradients over."""
+        unlike = b""
+        if min_epoch and self.donor is not None and self.donor.snapshot is not None:
+            unlike = self.donor.snapshot.manifest_hash
+        manifest, blob, report = await download_state(
+            self.peer, self.dht, self.config.run, min_epoch=min_epoch, unlike=unlike
+        )
+        load_snapshot(self.model, self.optimizer, manifest, blob)
+        self.epoch = manifest.epoch
+        if not keep_grads:
+            self.grad.zero_()
+            self.samples = 0
+        self.downloads.append(report)
+        logger.info(
+            "took the state of epoch %d from %d donors in %.2f s (corrupt: %s)",
+            manifest.epoch,
+            len(report.parts_from),
+            report.seconds,
+            report.corrupt,
+        )
+        if self.donor is not None:
+            await self.donor.publish(take_snapshot(self.config.run, self.epoch, self.model, self.optimizer))
+        return report
+
+    # -- training --------------------------------------------------------------------------------
+
+    def accumulate(self, batch_size: int) -> None:
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            if p.grad is not None:
+                self.grad[offset : offset + n].add_(p.grad.reshape(-1), alpha=float(batch_size))
+                p.grad = None
+            offset += n
+        self.samples += batch_size
+        self._rate_samples += batch_size
+
+    def _sync_tracker(self) -> None:
+        now = time.monotonic()
+        if now - self._rate_since >= 1.0:
+            rate = self._rate_samples / (now - self._rate_since)
+            c = self.tracker.local
+            c.samples_per_second = (
+                rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
+            )
+            self._rate_since, self._rate_samples = now, 0
+        self.tracker.local.epoch = self.epoch
+        self.tracker.local.samples = self.samples
+
+    async def step(self, batch_size: int) -> StepReport | None:
+        """Call after ``loss.backward()``; returns a report when a collaborative step was taken."""
+        now = time.monotonic()
+        if self._last_step is not None:  # the batch's compute: from our last return to this call
+            gap = min(now - self._last_step, 60.0)
+            self._batch_s = gap if self._batch_s == 0 else 0.7 * self._batch_s + 0.3 * gap
+        try:
+            return await self._step(batch_size)
+        finally:
+            self._last_step = time.monotonic()
+
+    async def _step(self, batch_size: int) -> StepReport | None:
+        self.accumulate(batch_size)
+        self._sync_tracker()
+        now = time.monotonic()
+        if now - self._last_publish >= self.config.publish_period_s:
+            self._last_publish = now
+            await self.tracker.publish()
+        refreshed = now - self._last_refresh >= self.config.refresh_period_s
+        if refreshed:
+            self._last_refresh = now
+            progress = await self.tracker.refresh()
+        else:
+            progress = self.tracker.progress()
+        if progress.epoch > self.epoch:
+            if refreshed:
+                await self._catch_up(progress)
+            return None
+        if self._diverged_at is not None and now - self._diverged_at > self.config.matchmaking.gather_s * 3:
+            await self._resync()
+        if self._due(progress):
+            return await self.global_step()
+        return None
+
+    def _due(self, progress: CollabProgress) -> bool:
+        # Start matching a little early: the others notice the target only one refresh later, and we
+        # look again only after our next batch, which may take a while on a slow machine.
+        lead_time = self.config.refresh_period_s + self.config.matchmaking.gather_s / 2 + self._batch_s
+        return progress.ready or progress.eta_s <= lead_time
+
+    async def _catch_up(self, progress: CollabProgress) -> None:
+        logger.info(
+            "the collaboration is at epoch %d, we are at %d: taking its state", progress.epoch, self.epoch
+        )
+        now = time.monotonic()
+        if self._behind_since is None:
+            self._behind_since = now
+        try:
+            await self.download(min_epoch=progress.epoch, keep_grads=True)
+        except StateDownloadFailed as e:
+            patience = 3 * self.config.matchmaking.gather_s + self.config.allreduce.stall_timeout
+            if now - self._behind_since < patience:
+                return  # its donors may not have published yet: try again at the next refresh
+            logger.warning(
+                "could not take the state of epoch %d (%s); going on from our own", progress.epoch, e
+            )
+            self.epoch = progress.epoch
+            self.grad.zero_()
+            self.samples = 0
+        self._behind_since = None
+        self._sync_tracker()
+        await self.tracker.publish()
+
+    async def _resync(self) -> None:
+        """After a step without the others our parameters differ from theirs: take the state most
+        donors of our epoch agree on (when it is not ours), once they have published it."""
+        self._diverged_at = None
+        try:
+            report = await self.download(min_epoch=self.epoch)
+        except StateDownloadFailed as e:
+            logger.info("epoch %d: no other state to resync with (%s)", self.epoch, e)
+            return
+        logger.info("epoch %d: resynced with %d donors after stepping alone", self.epoch, len(report.donors))
+
+    async def global_step(self) -> StepReport:
+        epoch = self.epoch + 1
+        client = self.acts_as_client()
+        bandwidth = 0.0 if client else self.bandwidth
+        alone = None
+        report = None
+        samples = self.samples
+        if samples > 0:
+            self.grad.div_(samples)
+        try:
+            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client, self._peers_here())
+        except GroupClosed as e:
+            # The others are stepping without us: keep our gradients for the next epoch and take
+            # their state once they publish it (step() sees their epoch ahead of ours).
+            if samples > 0:
+                self.grad.mul_(samples)
+            logger.info("%s; skipping this step, will take its result", e)
+            out = StepReport(self.epoch, 0, 0, None, str(e))
+            self.reports.append(out)
+            return out
+        except MatchmakingFailed as e:
+            alone = str(e)
+            logger.warning("epoch %d: stepping with local gradients only: %s", epoch, e)
+        else:
+            if len(group.members) == 1:
+                alone = "nobody else was due"
+            else:
+                report = await self.service.all_reduce(group, self.grad, float(samples), self.feedback)
+                self._learn_bandwidth(report)
+                if not report.complete:
+                    logger.warning(
+                        "epoch %d: round %s incomplete: excluded %s, failed reducers %s, %d elements local",
+                        epoch,
+                        group.round_id,
+                        list(report.excluded),
+                        list(report.failed_reducers),
+                        report.local_elements,
+                    )
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            p.grad = self.grad[offset : offset + n].view_as(p).clone()
+            offset += n
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        others = self.tracker.progress().peers > 1
+        if others and (alone is not None or (report is not None and not report.complete)):
+            self._diverged_at = time.monotonic()
+        self.grad.zero_()
+        self.samples = 0
+        self.epoch = epoch
+        if self.donor is not None:  # state first: whoever sees our new epoch can take it at once
+            await self.donor.publish(take_snapshot(self.config.run, epoch, self.model, self.optimizer))
+        # Our rate is compute speed: time spent matching and averaging must not dilute it, or the ETA
+        # runs late and every epoch overshoots the target.
+        self._rate_since, self._rate_samples = time.monotonic(), 0
+        self._sync_tracker()
+        await self.tracker.publish()
+        self._last_publish = time.monotonic()
+        out = StepReport(epoch, report.group_size if report else 1, samples, report, alone)
+        self.reports.append(out)
+        return out
+
+    def _peers_here(self) -> set[str]:
+        """Peers whose latest progress says they are in our epoch: the group we expect to form."""
+        active = self.tracker.view.active(time.monotonic())
+        return {owner for owner, seen in active.items() if seen.progress.epoch == self.epoch}
+
+    def acts_as_client(self) -> bool:
+        """Clients send and receive but reduce nothing: peers told so, slow ones, and relayed ones (a
+        relay's bandwidth is shared and paid for; reducing through it would slow the whole group)."""
+        if self.config.client or self.bandwidth < self.config.min_reducer_bandwidth:
+            return True
+        return any("relay" in (selected_candidate_types(link.pc) or ()) for link in self.peer.links.values())
+
+    def _learn_bandwidth(self, report: RoundReport) -> None:
+        moved = max(report.bytes_sent, report.bytes_received)
+        if report.complete and report.seconds > 0 and moved > 1 << 20:
+            self.bandwidth = 0.5 * self.bandwidth + 0.5 * moved / report.seconds

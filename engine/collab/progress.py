@@ -1,0 +1,189 @@
+"""Training progress: the signed record each trainer publishes, and the collaboration's state derived
+from all of them. Pure functions, no I/O (``tracker`` does the DHT work).
+
+Each trainer keeps one DHT record under ``<run>.progress`` (its own slot: the DHT names a record's slot by
+the signer's key, so nobody can write another's). The value is a :class:`LocalProgress`: epoch, samples
+accumulated in that epoch, samples per second, the writer's clock, a sequence number and whether it is
+a client. The record's DHT signature covers all of it; the DHT drops records that are unsigned,
+tampered with or expired.
+
+No central clock: a reader never compares a writer's timestamp with its own clock to extrapolate. It
+notes, on its own clock, when it first saw each (owner, seq), and extrapolates ``samples + sps * (now -
+first_seen)``, capped at ``max_extrapolation_s``. So a writer whose clock is off by minutes is counted
+exactly like the others. The writer's timestamp is used for one thing: estimating how far our clock is
+behind the collaboration's (median over the others), so that our records' expirations still lie in the
+future on everyone else's clock (:func:`clock_offset`, bounded by ``MAX_CLOCK_OFFSET_S``).
+
+A replayed record (an owner's older seq, served by a replica after a newer one was seen) is refused by
+:class:`ProgressView`; a record not refreshed for ``stale_after_s`` on our clock is counted as gone.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import msgspec
+
+from engine.dht.records import Record
+
+from .errors import BadProgress
+
+__all__ = [
+    "MAX_CLOCK_OFFSET_S",
+    "CollabProgress",
+    "LocalProgress",
+    "ProgressView",
+    "clock_offset",
+    "decode_progress",
+    "derive_progress",
+    "encode_progress",
+    "progress_key",
+]
+
+MAX_CLOCK_OFFSET_S = 3600.0
+MAX_SAMPLES_PER_SECOND = 1e7
+MAX_SAMPLES = 2**53
+
+
+class LocalProgress(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    run: str
+    epoch: int
+    samples: int  # accumulated in this epoch, not yet averaged
+    samples_per_second: float
+    time: float  # the writer's clock, for clock_offset only
+    seq: int  # strictly increasing per writer (across restarts: start it from the clock)
+    client: bool = False
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(LocalProgress)
+
+
+def progress_key(run: str) -> str:
+    return f"{run}.progress"
+
+
+def encode_progress(progress: LocalProgress) -> bytes:
+    return _ENCODER.encode(progress)
+
+
+def decode_progress(raw: bytes, run: str) -> LocalProgress:
+    """Decode and sanity-check one value; BadProgress if it could not have come from an honest peer."""
+    try:
+        p = _DECODER.decode(raw)
+    except msgspec.DecodeError as e:
+        raise BadProgress(f"undecodable progress: {e}") from e
+    if p.run != run:
+        raise BadProgress(f"progress of run {p.run!r} under {run!r}")
+    if not 0 <= p.epoch < 2**62 or not 0 <= p.samples <= MAX_SAMPLES or p.seq < 0:
+        raise BadProgress("epoch, samples or seq out of range")
+    if not math.isfinite(p.samples_per_second) or not 0 <= p.samples_per_second <= MAX_SAMPLES_PER_SECOND:
+        raise BadProgress("samples_per_second out of range")
+    if not math.isfinite(p.time):
+        raise BadProgress("time is not finite")
+    return p
+
+
+@dataclass(frozen=True)
+class Seen:
+    progress: LocalProgress
+    first_seen: float  # our interval clock (monotonic) when this seq was first seen
+    wall: float = math.nan  # our wall clock at the same moment (for clock_offset only)
+
+
+@dataclass
+class ProgressView:
+    """What one reader knows: each owner's latest progress and when it first saw it (its own clock)."""
+
+    run: str
+    stale_after_s: float = 30.0
+    peers: dict[str, Seen] = field(default_factory=dict)
+    replays: int = 0
+    rejected: int = 0
+
+    def update(self, records: Iterable[Record], now: float, wall: float = math.nan) -> None:
+        """Take records from a DHT get (signatures and expiry already checked by the DHT node)."""
+        for record in records:
+            try:
+                p = decode_progress(record.value, self.run)
+            except BadProgress:
+                self.rejected += 1
+                continue
+            self.offer(record.owner, p, now, wall)
+
+    def offer(self, owner: str, p: LocalProgress, now: float, wall: float = math.nan) -> bool:
+        held = self.peers.get(owner)
+        if held is not None:
+            if p.seq < held.progress.seq:
+                self.replays += 1
+                return False
+            if p.seq == held.progress.seq:
+                if p != held.progress:  # same seq, other content: one of them is not what the owner meant
+                    self.rejected += 1
+                return False
+        self.peers[owner] = Seen(p, now, wall)
+        return True
+
+    def active(self, now: float) -> dict[str, Seen]:
+        return {o: s for o, s in self.peers.items() if now - s.first_seen <= self.stale_after_s}
+
+    def forget_stale(self, now: float) -> None:
+        for owner in [o for o, s in self.peers.items() if now - s.first_seen > 4 * self.stale_after_s]:
+            del self.peers[owner]
+
+
+@dataclass(frozen=True)
+class CollabProgress:
+    epoch: int  # the newest epoch at least half of the active peers have reached
+    samples: float  # accumulated towards the next step by peers in that epoch (extrapolated)
+    target: int
+    samples_per_second: float  # of the peers in that epoch
+    peers: int  # active peers in that epoch
+    eta_s: float  # seconds until samples reaches target at the current rate (0 when ready; inf if idle)
+
+    @property
+    def ready(self) -> bool:
+        return self.samples >= self.target
+
+
+def derive_progress(
+    peers: Mapping[str, Seen], now: float, target: int, max_extrapolation_s: float = 30.0
+) -> CollabProgress:
+    """The collaboration's epoch, progress towards ``target`` and the next step's ETA (our clock)."""
+    if target <= 0:
+        raise ValueError("target batch size must be positive")
+    if not peers:
+        return CollabProgress(0, 0.0, target, 0.0, 0, math.inf)
+    # The newest epoch at least half the peers have reached: one peer (honest but alone, or lying in
+    # its own signed record) cannot drag everyone to an epoch nobody else is in.
+    epochs = sorted((s.progress.epoch for s in peers.values()), reverse=True)
+    epoch = epochs[(len(epochs) + 1) // 2 - 1]
+    current = [s for s in peers.values() if s.progress.epoch == epoch]
+    samples = 0.0
+    rate = 0.0
+    for s in current:
+        elapsed = min(max(0.0, now - s.first_seen), max_extrapolation_s)
+        samples += s.progress.samples + s.progress.samples_per_second * elapsed
+        rate += s.progress.samples_per_second
+    if samples >= target:
+        eta = 0.0
+    elif rate > 0:
+        eta = (target - samples) / rate
+    else:
+        eta = math.inf
+    return CollabProgress(epoch, samples, target, rate, len(current), eta)
+
+
+def clock_offset(peers: Mapping[str, Seen], me: str) -> float:
+    """How far our wall clock seems behind the others' (median of their ``time - wall``), bounded.
+
+    Writers' times include their publish-to-read delay, so this errs towards "we are behind" by about
+    the DHT's latency: harmless, it only lengthens our records' expirations a little.
+    """
+    diffs = [s.progress.time - s.wall for o, s in peers.items() if o != me and math.isfinite(s.wall)]
+    if not diffs:
+        return 0.0
+    return max(-MAX_CLOCK_OFFSET_S, min(MAX_CLOCK_OFFSET_S, statistics.median(diffs)))

@@ -1,0 +1,96 @@
+"""PartReducer without a network: averaging, exclusion of bad or stalled senders, bounded waits."""
+
+import asyncio
+import logging
+
+import pytest
+import torch
+
+from engine.collab.errors import PartRejected
+from engine.collab.group import Group
+from engine.collab.reducer import PartReducer
+from engine.wire import Compression
+
+
+def group(comp: Compression = Compression.NONE) -> Group:
+    return Group("r1", ("me", "a", "b"), (10, 0, 0), comp)
+
+
+async def test_weighted_average_in_chunks() -> None:
+    r = PartReducer(group(), "me", chunk=4, stall_timeout=5)
+    r.start()
+    assert r.n_chunks == 3
+    for c, (lo, hi) in enumerate([(0, 4), (4, 8), (8, 10)]):
+        r.add("me", c, torch.full((hi - lo,), 1.0), 1.0)
+        r.add("a", c, torch.full((hi - lo,), 4.0), 2.0)
+        r.add("b", c, torch.full((hi - lo,), 0.0), 0.0)
+    results = [await r.result("a", c) for c in range(3)]
+    assert torch.allclose(torch.cat(results), torch.full((10,), 3.0))
+    assert r.complete.is_set() and not r.excluded
+    r.stop()
+
+
+@pytest.mark.parametrize(
+    ("values", "weight", "why"),
+    [
+        (torch.ones(3), 1.0, "expected 4"),
+        (torch.ones(4, dtype=torch.float64), 1.0, "float64"),
+        (torch.tensor([1.0, float("nan"), 0.0, 0.0]), 1.0, "non-finite"),
+        (torch.tensor([1.0, float("inf"), 0.0, 0.0]), 1.0, "non-finite"),
+        (torch.ones(4), -1.0, "weight"),
+        (torch.ones(4), float("nan"), "weight"),
+    ],
+)
+async def test_bad_chunks_exclude_the_sender_by_name(
+    values: torch.Tensor, weight: float, why: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    r = PartReducer(group(), "me", chunk=4, stall_timeout=5)
+    with caplog.at_level(logging.WARNING), pytest.raises(PartRejected, match=why):
+        r.add("a", 0, values, weight)
+    assert "a" in r.excluded and "excluded a" in caplog.text
+    with pytest.raises(PartRejected, match="excluded"):
+        r.add("a", 1, torch.ones(4), 1.0)
+    # the round goes on without it
+    for c in range(3):
+        n = 4 if c < 2 else 2
+        r.add("me", c, torch.full((n,), 2.0), 1.0)
+        r.add("b", c, torch.full((n,), 4.0), 1.0)
+    assert torch.allclose(await r.result("b", 0), torch.full((4,), 3.0))
+    assert r.complete.is_set()
+
+
+async def test_non_members_duplicates_and_bad_indices_are_refused() -> None:
+    r = PartReducer(group(), "me", chunk=4, stall_timeout=5)
+    with pytest.raises(PartRejected, match="not a member"):
+        r.add("stranger", 0, torch.ones(4), 1.0)
+    r.add("a", 0, torch.ones(4), 1.0)
+    with pytest.raises(PartRejected, match="twice"):
+        r.add("a", 0, torch.ones(4), 1.0)
+    with pytest.raises(PartRejected, match="out of range"):
+        r.add("b", 9, torch.ones(4), 1.0)
+    assert "stranger" not in r.excluded and "b" in r.excluded
+
+
+async def test_a_stalled_sender_is_dropped_after_the_stall_timeout(caplog: pytest.LogCaptureFixture) -> None:
+    r = PartReducer(group(), "me", chunk=4, stall_timeout=0.3)
+    r.start()
+    for c, n in enumerate([4, 4, 2]):
+        r.add("me", c, torch.full((n,), 1.0), 1.0)
+        r.add("a", c, torch.full((n,), 3.0), 1.0)
+    with caplog.at_level(logging.WARNING):
+        async with asyncio.timeout(20):
+            await r.complete.wait()
+    assert "stalled" in r.excluded["b"] and "excluded b" in caplog.text
+    assert torch.allclose(await r.result("a", 2), torch.full((2,), 2.0))
+
+
+async def test_int8_results_are_what_every_member_decodes() -> None:
+    r = PartReducer(Group("r", ("me", "a"), (4096, 0), Compression.INT8), "me", chunk=4096, stall_timeout=5)
+    x = torch.randn(4096)
+    r.add("me", 0, x, 1.0)
+    r.add("a", 0, -x * 0.5, 1.0)
+    got = await r.result("a", 0)
+    from engine.collab.codec import roundtrip
+
+    assert torch.equal(roundtrip(got.clone(), Compression.INT8), got)
+    assert torch.allclose(got, x * 0.25, atol=float(x.abs().max()) / 100)

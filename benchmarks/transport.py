@@ -291,16 +291,25 @@ def _cpu(*procs: mp.process.BaseProcess) -> float:
 
 def _measure_pair(
     sender: mp.process.BaseProcess, receiver: mp.process.BaseProcess, s_ctl: Connection, wait_end: Any
-) -> tuple[float, float, Any]:
+) -> tuple[float, tuple[float, float], Any]:
+    """Elapsed seconds, (sender, receiver) CPU seconds, and what ``wait_end`` returned."""
     assert s_ctl.poll(120), "sender never became ready"
     assert s_ctl.recv() == "ready"
-    cpu0 = _cpu(sender, receiver)
+    cpu0 = _cpu(sender), _cpu(receiver)
     t0 = time.perf_counter()
     s_ctl.send("go")
     result = wait_end()
     elapsed = time.perf_counter() - t0
-    cpu = _cpu(sender, receiver) - cpu0
-    return elapsed, cpu, result
+    return elapsed, (_cpu(sender) - cpu0[0], _cpu(receiver) - cpu0[1]), result
+
+
+def _per_mib(cpu: tuple[float, float], nbytes: int) -> dict[str, float]:
+    mib = nbytes / MIB
+    return {
+        "cpu_ms_per_MiB": sum(cpu) * 1000 / mib,
+        "sender_cpu_ms_per_MiB": cpu[0] * 1000 / mib,
+        "receiver_cpu_ms_per_MiB": cpu[1] * 1000 / mib,
+    }
 
 
 def run_stock(ctx: Any, total: int, patched: bool = False, uv: bool = False) -> dict[str, float]:
@@ -321,8 +330,7 @@ def run_stock(ctx: Any, total: int, patched: bool = False, uv: bool = False) -> 
     elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
     sender.join(60)
     receiver.join(60)
-    mib = total / MIB
-    return {"MBps": total / elapsed / 1e6, "cpu_ms_per_MiB": cpu * 1000 / mib}
+    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
 
 
 def run_tcp(ctx: Any, total: int) -> dict[str, float]:
@@ -345,7 +353,7 @@ def run_tcp(ctx: Any, total: int) -> dict[str, float]:
     elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
     sender.join(60)
     receiver.join(60)
-    return {"MBps": total / elapsed / 1e6, "cpu_ms_per_MiB": cpu * 1000 / (total / MIB)}
+    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
 
 
 def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
@@ -370,7 +378,7 @@ def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
     elapsed = result["elapsed"]
     return {
         "MBps": result["bytes"] / elapsed / 1e6,
-        "cpu_ms_per_MiB": cpu * 1000 / (result["bytes"] / MIB),
+        **_per_mib(cpu, result["bytes"]),
         "wire_MiB": result["wire_bytes"] / MIB,
         "connect_ms": result["connect_ms"],
         "rtt_us_p50": result["rtt_us_p50"],

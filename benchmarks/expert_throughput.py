@@ -252,13 +252,14 @@ def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any
 # -- the parent: spawn, window, CPU -----------------------------------------------------------------
 
 
-def _thread_cpu(pid: int, tid: int | None) -> float:
+def _thread_cpu(pid: int, tid: int | None) -> tuple[float, float]:
+    """(user, system) CPU seconds of one thread; system time is the kernel's (UDP syscalls, epoll)."""
     if tid is None:
-        return 0.0
+        return 0.0, 0.0
     for t in psutil.Process(pid).threads():
         if t.id == tid:
-            return float(t.user_time + t.system_time)
-    return 0.0
+            return float(t.user_time), float(t.system_time)
+    return 0.0, 0.0
 
 
 def _proc_cpu(pid: int) -> float:
@@ -296,13 +297,16 @@ def _measure(ctl: Connection, window: Window, seconds: float) -> dict[str, Any]:
     wall = c1["wall"] - c0["wall"]
     samples = m1["done"] - m0["done"]
     cpu = {name: c1["proc"][name] - c0["proc"][name] for name in c0["proc"]}
+    loop_s = {name: sum(c1["loop"][name]) - sum(c0["loop"][name]) for name in c0["loop"]}
     out: dict[str, Any] = {
         "sps": samples / elapsed,
         "samples": samples,
         "cpu_ms_per_sample": sum(cpu.values()) * 1000 / max(1, samples),
         "cores_busy": {name: round(v / wall, 2) for name, v in cpu.items()},
-        "loop_busy": {name: round((c1["loop"][name] - c0["loop"][name]) / wall, 2) for name in c0["loop"]},
-        "loop_cpu_s": {name: c1["loop"][name] - c0["loop"][name] for name in c0["loop"]},
+        "cpu_s": cpu,
+        "loop_busy": {name: round(loop_s[name] / wall, 2) for name in loop_s},
+        "loop_cpu_s": loop_s,
+        "loop_kernel_s": {name: c1["loop"][name][1] - c0["loop"][name][1] for name in c0["loop"]},
         "wall_s": wall,
         "machine_busy": round(
             (c1["sys_busy"] - c0["sys_busy"]) / max(1e-9, c1["sys_total"] - c0["sys_total"]), 2
@@ -341,7 +345,13 @@ def run_compute(ctx: Any, args: dict[str, Any], seconds: float) -> dict[str, Any
 
 
 def run_remote(
-    ctx: Any, url: str, layout: str, args: dict[str, Any], seconds: float, profile: Path | None = None
+    ctx: Any,
+    url: str,
+    layout: str,
+    args: dict[str, Any],
+    seconds: float,
+    profile: Path | None = None,
+    native: bool = False,
 ) -> dict[str, Any]:
     procs = []
     host_ctl = None
@@ -360,7 +370,7 @@ def run_remote(
         assert ctl.poll(600), "trainer never warmed up"
         info = ctl.recv()
         window["trainer"] = (trainer.pid, info["loop_tid"])
-        spies = _start_profilers(window, seconds, profile) if profile is not None else []
+        spies = _start_profilers(window, seconds, profile, native) if profile is not None else []
         m = _measure(ctl, Window(window), seconds)
         for spy in spies:
             spy.wait(seconds + 60)
@@ -374,7 +384,9 @@ def run_remote(
     return m
 
 
-def _start_profilers(window: dict[str, tuple[int, int | None]], seconds: float, out: Path) -> list[Any]:
+def _start_profilers(
+    window: dict[str, tuple[int, int | None]], seconds: float, out: Path, native: bool = False
+) -> list[Any]:
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     if not Path(spy).exists():
         print("py-spy is not installed (pip install py-spy): no profile", file=sys.stderr)
@@ -385,8 +397,11 @@ def _start_profilers(window: dict[str, tuple[int, int | None]], seconds: float, 
         if name not in window:
             continue
         pid = window[name][0]
-        cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--rate", "200"]
-        cmd += ["--format", "raw", "--nonblocking", "--threads", "--output", str(out / f"{name}.txt")]
+        cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--threads"]
+        cmd += ["--format", "raw", "--output", str(out / f"{name}.txt")]
+        # --native shows C frames too (OpenSSL, uvloop, torch kernels: what is per byte, what per call)
+        # but must stop the process for every sample, so it samples less often and slows the run.
+        cmd += ["--native", "--rate", "100"] if native else ["--nonblocking", "--rate", "200"]
         started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
     return started
 
@@ -458,6 +473,8 @@ def summarize(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
     loop_s = sum(sum(r["loop_cpu_s"].values()) for r in runs)
     out["loop_cpu_us_per_packet"] = round(loop_s * 1e6 / max(1, sum(r["records"] for r in runs)), 1)
     out["loop_cpu_ms_per_sample"] = round(loop_s * 1e3 / max(1, samples), 3)
+    kernel_s = sum(sum(r["loop_kernel_s"].values()) for r in runs)
+    out["loop_kernel_share"] = round(kernel_s / max(1e-9, loop_s), 3)  # syscalls: UDP send/receive, epoll
     out["inputs_resent"] = sum(r["resends"] for r in runs)
     return out
 
@@ -483,9 +500,8 @@ def _profile_figures(folder: Path, run: dict[str, Any]) -> dict[str, Any]:
             "loop_thread_share": shares,
             "loop_thread_us_per_packet": per_packet,
             "loop_cpu_ms_per_sample": round(loop_cpu * 1000 / max(1, run["samples"]), 3),
-            "process_cpu_ms_per_sample": round(
-                run["cores_busy"][side] * run["wall_s"] * 1000 / max(1, run["samples"]), 3
-            ),
+            "loop_kernel_share": round(run["loop_kernel_s"].get(side, 0.0) / max(1e-9, loop_cpu), 3),
+            "process_cpu_ms_per_sample": round(run["cpu_s"][side] * 1000 / max(1, run["samples"]), 3),
             "whole_process_share": breakdown(path),
         }
     return out
@@ -518,6 +534,7 @@ def main() -> None:
     parser.add_argument("--d", type=int, default=1024)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--profile", type=Path, metavar="DIR", help="one more split run under py-spy, to DIR")
+    parser.add_argument("--native", action="store_true", help="with --profile: C frames too (slower)")
     opts = parser.parse_args()
     seconds = opts.seconds or (8.0 if opts.quick else 30.0)
     device, device_name = _device(opts.device)
@@ -556,7 +573,7 @@ def main() -> None:
             loads.append(round(os.getloadavg()[0], 2))
         profile = None
         if opts.profile is not None:
-            profile = run_remote(ctx, url, "split", args, seconds, profile=opts.profile)
+            profile = run_remote(ctx, url, "split", args, seconds, profile=opts.profile, native=opts.native)
     finally:
         stop.set()
     inproc = _stats([x["sps"] for x in local])

@@ -19,7 +19,9 @@ batching, allocator), repeated ``--repeat`` times (3) with the cases interleaved
 reported as median with min and max. CPU time is every process's (host, trainer, parent; psutil) over the
 window: ``cpu_ms_per_sample``. ``wire_bytes_per_sample`` counts every byte both ways on the channel
 (headers, tensors, frames); float16 inputs, outputs and gradients are 4 x 2 KiB = 8 KiB for d=1024.
-``udp_packets_per_sample`` counts DTLS records both ways (about one SCTP packet each).
+``udp_packets_per_sample`` counts DTLS records both ways (about one SCTP packet each);
+``loop_cpu_us_per_packet`` is both event loop threads' CPU per packet (they carry the transport; compute
+runs on worker threads) and ``loop_kernel_share`` the part of it spent in the kernel (UDP syscalls, epoll).
 
 What bounds the remote figure is printed as ``bound``, from the busy fraction of each event loop thread
 (``host_loop_busy``, ``trainer_loop_busy``: CPU seconds per wall second), the host's compute threads and

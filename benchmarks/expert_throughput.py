@@ -448,8 +448,12 @@ def _bound(runs: list[dict[str, Any]], device: str) -> str:
     if max(host, trainer) >= 0.85:
         side = "host" if host >= trainer else "trainer"
         return f"the {side}'s event loop (one core of Python transport work: {max(host, trainer):.2f} busy)"
+    ours = statistics.median([sum(r["cores_busy"].values()) for r in runs]) / (os.cpu_count() or 1)
     if machine >= 0.9:
-        return f"the machine's {os.cpu_count()} cores ({machine:.2f} busy: compute and transport share them)"
+        return (
+            f"the machine's {os.cpu_count()} cores ({machine:.2f} busy, this benchmark's processes "
+            f"{ours:.2f} of them: compute and transport share them with whatever else runs)"
+        )
     if device == "cpu":
         return "host compute and request latency (no loop or core saturated)"
     return "request latency / in-flight depth (no loop or core saturated)"

@@ -10,7 +10,8 @@ fill the expert's activation cache (large tensors, so freeing them returns memor
 mouse, and time
 
 * yield:         input -> the node's WorkGate closes (its own ``closed_at`` stamp);
-* trainer_sees:  input -> the first ``unavailable`` reply reaches the trainer over the link;
+* trainer_sees:  input -> the first ``unavailable`` reply reaches the trainer over the link (after the
+                 call already inside the gate finishes: the node's CPU cap rests between batches);
 * release:       input -> the governor publishes the new decision, which it does only after the
                  Volunteer's ``on_stop_work`` returned (gate drained, cache dropped, memory collected);
                  the RSS drop is reported as ``released_mb``.

@@ -5,6 +5,7 @@ float32 samples, in a process of its own, on ``--device``. Remote (``remote_sps`
 ``RemoteExpert.call_forward`` / ``call_backward`` (float16 on the wire, the backward sends only the output
 gradient) -> Peer -> WebRTC data channel on loopback -> ExpertServer (batching, a worker thread on the
 device, the host's Adam step), ``--in-flight`` requests at once, the project's aiortc patches and loop.
+``--wire int8`` sends the calls in 8-bit (about half of float16's bytes and packets).
 
 Layouts (``--layout``):
 
@@ -197,7 +198,7 @@ def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any
         return peer, hid, threading.get_native_id()
 
     peer, hid, loop_tid = loop.run(up(), 60)
-    expert = RemoteExpert(peer, hid, UID, loop=loop, timeout=120)
+    expert = RemoteExpert(peer, hid, UID, loop=loop, timeout=120, wire=args["wire"])
     x = expert.to_wire(torch.randn(args["batch"], spec.dim))
     g = expert.to_wire(torch.randn(args["batch"], spec.dim))
     state = {"done": 0, "stop": False}
@@ -535,6 +536,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="rounds, cases interleaved in each (default 3)")
     parser.add_argument("--layout", choices=("split", "inprocess", "both"), default="split")
     parser.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--wire", choices=("float16", "int8"), default="float16", help="expert calls' wire format (float16)"
+    )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--in-flight", type=int, default=4)
     parser.add_argument("--d", type=int, default=1024)
@@ -550,6 +554,7 @@ def main() -> None:
         "batch": opts.batch,
         "in_flight": opts.in_flight,
         "device": device,
+        "wire": opts.wire,
     }
     layouts = ["split", "inprocess"] if opts.layout == "both" else [opts.layout]
     ctx = mp.get_context("spawn")
@@ -591,6 +596,7 @@ def main() -> None:
         "hidden": opts.hidden,
         "batch": opts.batch,
         "in_flight": opts.in_flight,
+        "wire": opts.wire,
         "window_s": seconds,
         "repeat": opts.repeat,
         "inprocess_sps": inproc["median"],

@@ -145,13 +145,13 @@ def _stock_main(
 def _project_main(role: str, ctl: Connection, url: str, args: dict[str, Any]) -> None:
     import torch
 
-    from engine.p2p import aiortc_patches, eventloop
+    from engine.p2p import eventloop
 
     # Codec work is small next to the transport's; one intra-op thread keeps OpenMP's spinning
     # workers from competing with the event loop for this machine's two cores.
     torch.set_num_threads(1)
     _pin()
-    aiortc_patches.apply()
+    _install_patches()
     eventloop.run(_project_side(role, ctl, url, args))
 
 

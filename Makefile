@@ -28,7 +28,7 @@ check: $(STAMP)
 	scripts/check
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/transport.py --quick
+	$(BIN)/python benchmarks/transport.py --quick --repeat 1
 
 # The Linux bundle, .tar.gz and .deb in dist/ (installers/README.md); installers/ci-check tests them.
 installer: $(STAMP)

@@ -1,15 +1,40 @@
 """One FFN expert (d=1024, hidden 4096): forward+backward samples/s in process vs through the whole stack.
 
-In process: the module's forward, backward and Adam step on batches of ``--batch`` float32 samples.
-Remote: the trainer side's ``RemoteExpert.call_forward`` / ``call_backward`` (float16 on the wire, the
-backward sends only the output gradient) → Peer → WebRTC data channel on loopback → ExpertServer
-(batching, a worker thread, the host's Adam step), ``--in-flight`` requests at once. Both peers and the
-signaling coordinator run in this one process on one event loop, sharing its CPU with the expert's
-compute, which makes the remote figure a pessimistic one. ``wire_bytes_per_sample`` counts every byte
-both channels sent (headers, tensors, frames) per sample; float16 inputs, outputs and gradients both ways
-are 4 x 2 KiB = 8 KiB for d=1024. The last line is one JSON object.
+In process (``inprocess_sps``): the module's forward, backward and Adam step on batches of ``--batch``
+float32 samples, in a process of its own, on ``--device``. Remote (``remote_sps``): the trainer side's
+``RemoteExpert.call_forward`` / ``call_backward`` (float16 on the wire, the backward sends only the output
+gradient) -> Peer -> WebRTC data channel on loopback -> ExpertServer (batching, a worker thread on the
+device, the host's Adam step), ``--in-flight`` requests at once, the project's aiortc patches and loop.
+``--wire int8`` sends the calls in 8-bit (about half of float16's bytes and packets).
 
-    .venv/bin/python benchmarks/expert_throughput.py --quick   # within 60 s
+Layouts (``--layout``):
+
+* ``split`` (default, the reported figures): the host in its own process, as a volunteer's node is, and
+  the trainer in another; the parent only runs the signaling hub and measures.
+* ``inprocess``: host and trainer peers in one process on one event loop (the earlier layout), sharing
+  that loop and its CPU with each other.
+* ``both``: each, interleaved.
+
+Every figure comes from a fixed window (``--seconds``: 30 s, ``--quick`` 8 s) after a warm-up (link up,
+batching, allocator), repeated ``--repeat`` times (3) with the cases interleaved in every round, and
+reported as median with min and max. CPU time is every process's (host, trainer, parent; psutil) over the
+window: ``cpu_ms_per_sample``. ``wire_bytes_per_sample`` counts every byte both ways on the channel
+(headers, tensors, frames); float16 inputs, outputs and gradients are 4 x 2 KiB = 8 KiB for d=1024.
+``udp_packets_per_sample`` counts DTLS records both ways (about one SCTP packet each);
+``loop_cpu_us_per_packet`` is both event loop threads' CPU per packet (they carry the transport; compute
+runs on worker threads) and ``loop_kernel_share`` the part of it spent in the kernel (UDP syscalls, epoll).
+
+What bounds the remote figure is printed as ``bound``, from the busy fraction of each event loop thread
+(``host_loop_busy``, ``trainer_loop_busy``: CPU seconds per wall second), the host's compute threads and
+the whole machine's (``machine_busy``, every process on the box, since it is shared): a loop near 1.0 is
+the transport's Python bound; a machine near 1.0 is the cores.
+
+``--device auto`` (default) picks CUDA when there is one; the JSON names the device. ``--profile DIR``
+records both processes of one extra split run with py-spy (when installed) into DIR and prints a CPU
+breakdown by layer (SCTP, DTLS, ICE, event loop, framing, torch); see ``benchmarks/cpu_breakdown.py``.
+
+    .venv/bin/python benchmarks/expert_throughput.py --quick          # about two minutes
+    .venv/bin/python benchmarks/expert_throughput.py --device cuda    # on a GPU machine
 """
 
 from __future__ import annotations
@@ -17,110 +42,601 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
 import os
+import shutil
+import statistics
+import subprocess
 import sys
+import threading
 import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import psutil
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch
-
-from engine.moe import ExpertServer, ExpertSpec, LoopThread, RemoteExpert, build, new_activation_id
-from engine.p2p import Handlers, Identity, LinkConfig, Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
+UID = "ffn.0.0"
 
 
-def inprocess_sps(spec: ExpertSpec, batch: int, seconds: float) -> float:
-    module = build(spec)
-    opt = torch.optim.Adam(module.parameters(), lr=1e-3)
-    x = torch.randn(batch, spec.dim)
-    done, t0 = 0, time.perf_counter()
-    while time.perf_counter() - t0 < seconds or done == 0:
-        out = module(x)
-        opt.zero_grad()
-        out.backward(torch.randn_like(out))
-        opt.step()
-        done += batch
-    return done / (time.perf_counter() - t0)
-
-
-async def remote_sps(spec: ExpertSpec, batch: int, seconds: float, in_flight: int, loop: LoopThread) -> dict:
-    from coordinator.app import start  # the benchmark's own signaling hub
-
-    coordinator = await start("127.0.0.1", 0)
-    handlers = Handlers()
-    server = ExpertServer.create({"ffn.0.0": spec}, device="cpu")
-    server.register(handlers)
-    host = Peer(Identity.generate(), coordinator.signaling_url, handlers=handlers, config=LinkConfig())
-    trainer = Peer(Identity.generate(), coordinator.signaling_url, config=LinkConfig())
-    await host.start()
-    await trainer.start()
+def _stack() -> None:
+    """Loopback-only host candidates and the project's aiortc patches, as a node installs them."""
     try:
-        expert = RemoteExpert(trainer, host.peer_id, "ffn.0.0", loop=loop, timeout=60)
-        x = expert.to_wire(torch.randn(batch, spec.dim))
-        g = expert.to_wire(torch.randn(batch, spec.dim))
+        from engine.p2p import patches  # type: ignore[attr-defined,unused-ignore]
 
-        async def one() -> None:
-            aid = new_activation_id()
-            await expert.call_forward(aid, x)
-            await expert.call_backward(aid, g, x)
+        patches.pin_host_addresses(["127.0.0.1"])
+        patches.install(strict=True)
+    except ImportError:
+        from engine.p2p import aiortc_patches
 
-        await asyncio.gather(*(one() for _ in range(in_flight)))  # warm-up: link, batching, allocator
-        link = trainer.links[host.peer_id]
-        back = host.links[trainer.peer_id]
-        sent0 = link.rpc.channel.bytes_sent + back.rpc.channel.bytes_sent
-        done, t0 = 0, time.perf_counter()
-        deadline = t0 + seconds
+        aiortc_patches.pin_host_addresses(["127.0.0.1"])
+        aiortc_patches.apply()
 
-        async def worker() -> None:
-            nonlocal done
-            while time.perf_counter() < deadline:
-                await one()
-                done += batch
 
-        await asyncio.gather(*(worker() for _ in range(in_flight)))
-        elapsed = time.perf_counter() - t0
-        wire = link.rpc.channel.bytes_sent + back.rpc.channel.bytes_sent - sent0
+def _spec(args: dict[str, Any]) -> Any:
+    from engine.moe import ExpertSpec
+
+    return ExpertSpec("ffn", int(args["d"]), int(args["hidden"]))
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- the processes ----------------------------------------------------------------------------------
+
+
+def _compute_main(ctl: Connection, args: dict[str, Any]) -> None:
+    """In-process baseline: forward, backward, Adam on the device, counted by a worker thread."""
+    import torch
+
+    from engine.moe import build
+
+    device = torch.device(args["device"])
+    module = build(_spec(args)).to(device)
+    opt = torch.optim.Adam(module.parameters(), lr=1e-3)
+    x = torch.randn(args["batch"], args["d"], device=device)
+    state = {"done": 0, "stop": False}
+
+    def work() -> None:
+        while not state["stop"]:
+            out = module(x)
+            opt.zero_grad()
+            out.backward(torch.randn_like(out))
+            opt.step()
+            _sync(device)
+            state["done"] += args["batch"]
+
+    worker = threading.Thread(target=work, daemon=True)
+    worker.start()
+    _serve_marks(
+        ctl, lambda: {"done": state["done"], "t": time.perf_counter()}, warm=lambda: state["done"] > 0
+    )
+    state["stop"] = True
+    worker.join(60)
+
+
+def _serve_marks(ctl: Connection, snap: Any, warm: Any, info: dict[str, Any] | None = None) -> None:
+    """The measuring protocol: say "warm" once warmed up, answer every "mark" with a snapshot."""
+    while not warm():
+        time.sleep(0.05)
+    ctl.send({"warm": True, **(info or {})})
+    while True:
+        cmd = ctl.recv()
+        if cmd == "mark":
+            ctl.send(snap())
+        else:
+            return
+
+
+def _host_main(ctl: Connection, url: str, args: dict[str, Any]) -> None:
+    """A volunteer's hosting core in its own process: ExpertServer + Peer on the node's loop."""
+    from engine.p2p import eventloop
+
+    _stack()
+    eventloop.run(_host(ctl, url, args))
+
+
+async def _host(ctl: Connection, url: str, args: dict[str, Any]) -> None:
+    from engine.moe import ExpertServer
+    from engine.p2p import Handlers, Identity, LinkConfig, Peer
+
+    loop = asyncio.get_running_loop()
+    handlers = Handlers()
+    server = ExpertServer.create({UID: _spec(args)}, device=args["device"])
+    server.register(handlers)
+    host = Peer(Identity.generate(), url, handlers=handlers, config=LinkConfig())
+    await host.start()
+    ctl.send({"peer_id": host.peer_id, "loop_tid": threading.get_native_id()})
+    await loop.run_in_executor(None, ctl.recv)
+    await host.stop()
+    await server.close()
+
+
+def _trainer_main(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any]) -> None:
+    """The trainer: RemoteExpert calls from a LoopThread; with ``host_id`` None it also hosts (inprocess)."""
+    import torch
+
+    from engine.moe import LoopThread
+
+    torch.set_num_threads(1)  # the trainer only converts to float16; the host's compute gets the cores
+    _stack()
+    loop = LoopThread("trainer-loop")
+    try:
+        _trainer(ctl, url, host_id, args, loop)
+    finally:
+        loop.close()
+
+
+def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any], loop: Any) -> None:
+    import torch
+
+    from engine.moe import ExpertServer, RemoteExpert, new_activation_id
+    from engine.p2p import Handlers, Identity, LinkConfig, Peer
+
+    server = None
+    host = None
+    spec = _spec(args)
+
+    async def up() -> tuple[Peer, str, int]:
+        nonlocal server, host
+        hid = host_id
+        if hid is None:
+            handlers = Handlers()
+            server = ExpertServer.create({UID: spec}, device=args["device"])
+            server.register(handlers)
+            host = Peer(Identity.generate(), url, handlers=handlers, config=LinkConfig())
+            await host.start()
+            hid = host.peer_id
+        peer = Peer(Identity.generate(), url, config=LinkConfig())
+        await peer.start()
+        return peer, hid, threading.get_native_id()
+
+    peer, hid, loop_tid = loop.run(up(), 60)
+    expert = RemoteExpert(peer, hid, UID, loop=loop, timeout=120, wire=args["wire"])
+    x = expert.to_wire(torch.randn(args["batch"], spec.dim))
+    g = expert.to_wire(torch.randn(args["batch"], spec.dim))
+    state = {"done": 0, "stop": False}
+
+    async def one() -> None:
+        aid = new_activation_id()
+        await expert.call_forward(aid, x)
+        await expert.call_backward(aid, g, x)
+        state["done"] += args["batch"]
+
+    async def worker() -> None:
+        while not state["stop"]:
+            await one()
+
+    async def work() -> None:
+        await asyncio.gather(*(one() for _ in range(args["in_flight"])))  # warm-up: link, batching
+        await asyncio.gather(*(worker() for _ in range(args["in_flight"])))
+
+    running = asyncio.run_coroutine_threadsafe(work(), loop.loop)
+    warm_at = args["in_flight"] * args["batch"] * 2  # two rounds of every request in flight
+
+    async def snapshot() -> dict[str, Any]:
+        link = peer.links[hid]
+        channel = link.rpc.channel
+        dtls = link.pc.sctp.transport
         return {
-            "remote_sps": done / elapsed,
-            "wire_bytes_per_sample": wire / max(1, done),
+            "done": state["done"],
+            "t": time.perf_counter(),
+            "wire": channel.bytes_sent + channel.bytes_received,
+            "records": dtls._RTCDtlsTransport__tx_packets + dtls._RTCDtlsTransport__rx_packets,
             "resends": expert.resends,
         }
+
+    def warm() -> bool:
+        if running.done():
+            running.result()  # raises what failed
+        return state["done"] >= warm_at
+
+    _serve_marks(ctl, lambda: loop.run(snapshot(), 10), warm, {"loop_tid": loop_tid})
+    state["stop"] = True
+    running.result(180)
+
+    async def down() -> None:
+        await peer.stop()
+        if host is not None:
+            await host.stop()
+        if server is not None:
+            await server.close()
+
+    loop.run(down(), 60)
+    ctl.send("bye")
+
+
+# -- the parent: spawn, window, CPU -----------------------------------------------------------------
+
+
+def _thread_cpu(pid: int, tid: int | None) -> tuple[float, float]:
+    """(user, system) CPU seconds of one thread; system time is the kernel's (UDP syscalls, epoll)."""
+    if tid is None:
+        return 0.0, 0.0
+    for t in psutil.Process(pid).threads():
+        if t.id == tid:
+            return float(t.user_time), float(t.system_time)
+    return 0.0, 0.0
+
+
+def _proc_cpu(pid: int) -> float:
+    t = psutil.Process(pid).cpu_times()
+    return float(t.user + t.system)
+
+
+class Window:
+    """CPU of named processes (and one loop thread each) and the machine's, between two marks."""
+
+    def __init__(self, procs: dict[str, tuple[int, int | None]]) -> None:
+        self.procs = procs
+
+    def read(self) -> dict[str, Any]:
+        sys_cpu = psutil.cpu_times()
+        return {
+            "wall": time.perf_counter(),
+            "proc": {name: _proc_cpu(pid) for name, (pid, _) in self.procs.items()},
+            "loop": {name: _thread_cpu(pid, tid) for name, (pid, tid) in self.procs.items()},
+            "sys_busy": sum(sys_cpu) - sys_cpu.idle - getattr(sys_cpu, "iowait", 0.0),
+            "sys_total": sum(sys_cpu),
+        }
+
+
+def _measure(ctl: Connection, window: Window, seconds: float) -> dict[str, Any]:
+    """Mark, wait ``seconds``, mark: the snapshots of the measured process and the CPU between."""
+    c0 = window.read()
+    ctl.send("mark")
+    m0 = ctl.recv()
+    time.sleep(seconds)
+    c1 = window.read()
+    ctl.send("mark")
+    m1 = ctl.recv()
+    elapsed = m1["t"] - m0["t"]
+    wall = c1["wall"] - c0["wall"]
+    samples = m1["done"] - m0["done"]
+    cpu = {name: c1["proc"][name] - c0["proc"][name] for name in c0["proc"]}
+    loop_s = {name: sum(c1["loop"][name]) - sum(c0["loop"][name]) for name in c0["loop"]}
+    out: dict[str, Any] = {
+        "sps": samples / elapsed,
+        "samples": samples,
+        "cpu_ms_per_sample": sum(cpu.values()) * 1000 / max(1, samples),
+        "cores_busy": {name: round(v / wall, 2) for name, v in cpu.items()},
+        "cpu_s": cpu,
+        "loop_busy": {name: round(loop_s[name] / wall, 2) for name in loop_s},
+        "loop_cpu_s": loop_s,
+        "loop_kernel_s": {name: c1["loop"][name][1] - c0["loop"][name][1] for name in c0["loop"]},
+        "wall_s": wall,
+        "machine_busy": round(
+            (c1["sys_busy"] - c0["sys_busy"]) / max(1e-9, c1["sys_total"] - c0["sys_total"]), 2
+        ),
+    }
+    for key in ("wire", "records", "resends"):
+        if key in m0:
+            out[key] = m1[key] - m0[key]
+    return out
+
+
+def _spawn(ctx: Any, target: Any, *args: Any) -> tuple[Any, Connection]:
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=target, args=(child, *args))
+    proc.start()
+    return proc, parent
+
+
+def _finish(procs: list[Any]) -> None:
+    for p in procs:
+        p.join(60)
+        if p.is_alive():
+            p.kill()
+
+
+def run_compute(ctx: Any, args: dict[str, Any], seconds: float) -> dict[str, Any]:
+    proc, ctl = _spawn(ctx, _compute_main, args)
+    try:
+        assert ctl.poll(300), "in-process baseline never warmed up"
+        ctl.recv()
+        m = _measure(ctl, Window({"compute": (proc.pid, None), "parent": (os.getpid(), None)}), seconds)
+        ctl.send("stop")
     finally:
-        await trainer.stop()
-        await host.stop()
-        await server.close()
-        await coordinator.stop()
+        _finish([proc])
+    return m
+
+
+def run_remote(
+    ctx: Any,
+    url: str,
+    layout: str,
+    args: dict[str, Any],
+    seconds: float,
+    profile: Path | None = None,
+    native: bool = False,
+) -> dict[str, Any]:
+    procs = []
+    host_ctl = None
+    window: dict[str, tuple[int, int | None]] = {"parent": (os.getpid(), None)}
+    try:
+        host_id = None
+        if layout == "split":
+            host, host_ctl = _spawn(ctx, _host_main, url, args)
+            procs.append(host)
+            assert host_ctl.poll(300), "host process did not start"
+            hello = host_ctl.recv()
+            host_id = hello["peer_id"]
+            window["host"] = (host.pid, hello["loop_tid"])
+        trainer, ctl = _spawn(ctx, _trainer_main, url, host_id, args)
+        procs.append(trainer)
+        assert ctl.poll(600), "trainer never warmed up"
+        info = ctl.recv()
+        window["trainer"] = (trainer.pid, info["loop_tid"])
+        spies = _start_profilers(window, seconds, profile, native) if profile is not None else []
+        m = _measure(ctl, Window(window), seconds)
+        for spy in spies:
+            spy.wait(seconds + 60)
+        ctl.send("stop")
+        assert ctl.poll(240), "trainer did not stop"
+        ctl.recv()
+        if host_ctl is not None:
+            host_ctl.send("stop")
+    finally:
+        _finish(procs)
+    return m
+
+
+def _start_profilers(
+    window: dict[str, tuple[int, int | None]], seconds: float, out: Path, native: bool = False
+) -> list[Any]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("py-spy is not installed (pip install py-spy): no profile", file=sys.stderr)
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    started = []
+    for name in ("host", "trainer"):
+        if name not in window:
+            continue
+        pid = window[name][0]
+        cmd = [spy, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--threads"]
+        cmd += ["--format", "raw", "--output", str(out / f"{name}.txt")]
+        # --native shows C frames too (OpenSSL, uvloop, torch kernels: what is per byte, what per call)
+        # but must stop the process for every sample, so it samples less often and slows the run.
+        cmd += ["--native", "--rate", "100"] if native else ["--nonblocking", "--rate", "200"]
+        started.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return started
+
+
+def _coordinator_thread() -> tuple[str, threading.Event]:
+    from coordinator.app import start
+
+    ready: dict[str, str] = {}
+    stop = threading.Event()
+    started = threading.Event()
+
+    async def serve() -> None:
+        running = await start("127.0.0.1", 0)
+        ready["url"] = running.signaling_url
+        started.set()
+        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
+        await running.stop()
+
+    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
+    started.wait(30)
+    return ready["url"], stop
+
+
+# -- summary ----------------------------------------------------------------------------------------
+
+
+def _stats(values: list[float], digits: int = 1) -> dict[str, float]:
+    med = statistics.median(values)
+    return {
+        "median": round(med, digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "spread": round((max(values) - min(values)) / med, 3) if med else 0.0,
+    }
+
+
+def _bound(runs: list[dict[str, Any]], device: str) -> str:
+    """The tightest of: an event loop at one core, the machine's cores, else latency/compute."""
+    host = statistics.median([r["loop_busy"].get("host", 0.0) for r in runs])
+    trainer = statistics.median([r["loop_busy"].get("trainer", 0.0) for r in runs])
+    machine = statistics.median([r["machine_busy"] for r in runs])
+    if max(host, trainer) >= 0.85:
+        side = "host" if host >= trainer else "trainer"
+        return f"the {side}'s event loop (one core of Python transport work: {max(host, trainer):.2f} busy)"
+    ours = statistics.median([sum(r["cores_busy"].values()) for r in runs]) / (os.cpu_count() or 1)
+    if machine >= 0.9:
+        return (
+            f"the machine's {os.cpu_count()} cores ({machine:.2f} busy, this benchmark's processes "
+            f"{ours:.2f} of them: compute and transport share them with whatever else runs)"
+        )
+    if device == "cpu":
+        return "host compute and request latency (no loop or core saturated)"
+    return "request latency / in-flight depth (no loop or core saturated)"
+
+
+def summarize(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
+    sps = [r["sps"] for r in runs]
+    out: dict[str, Any] = {
+        "remote_sps": _stats(sps),
+        "cpu_ms_per_sample": _stats([r["cpu_ms_per_sample"] for r in runs], 3),
+        "cores_busy": {
+            k: statistics.median([r["cores_busy"][k] for r in runs]) for k in runs[0]["cores_busy"]
+        },
+        "loop_busy": {k: statistics.median([r["loop_busy"][k] for r in runs]) for k in runs[0]["loop_busy"]},
+        "machine_busy": statistics.median([r["machine_busy"] for r in runs]),
+    }
+    samples = sum(r["samples"] for r in runs)
+    out["wire_bytes_per_sample"] = round(sum(r["wire"] for r in runs) / max(1, samples), 1)
+    out["udp_packets_per_sample"] = round(sum(r["records"] for r in runs) / max(1, samples), 2)
+    out["wire_MBps"] = round(statistics.median(sps) * out["wire_bytes_per_sample"] / 1e6, 2)
+    # The event loop threads do the transport's work (compute runs on worker threads): their CPU per
+    # UDP packet is the per-packet price of the Python stack, both sides together.
+    loop_s = sum(sum(r["loop_cpu_s"].values()) for r in runs)
+    out["loop_cpu_us_per_packet"] = round(loop_s * 1e6 / max(1, sum(r["records"] for r in runs)), 1)
+    out["loop_cpu_ms_per_sample"] = round(loop_s * 1e3 / max(1, samples), 3)
+    kernel_s = sum(sum(r["loop_kernel_s"].values()) for r in runs)
+    out["loop_kernel_share"] = round(kernel_s / max(1e-9, loop_s), 3)  # syscalls: UDP send/receive, epoll
+    out["inputs_resent"] = sum(r["resends"] for r in runs)
+    return out
+
+
+def _profile_figures(folder: Path, run: dict[str, Any]) -> dict[str, Any]:
+    """Per layer: share of each event loop thread's samples, and microseconds of that thread's CPU per
+    UDP packet (DTLS record, both directions: each side handles every packet once)."""
+    from cpu_breakdown import breakdown  # benchmarks/ is this script's folder, first on sys.path
+
+    out: dict[str, Any] = {"dir": str(folder), "samples": run["samples"], "packets": run["records"]}
+    for side, thread in (("host", "MainThread"), ("trainer", "trainer-loop")):
+        path = folder / f"{side}.txt"
+        if not path.exists():
+            continue
+        shares = breakdown(path, thread)
+        loop_cpu = run["loop_cpu_s"].get(side, 0.0)
+        per_packet = {
+            layer: round(share * loop_cpu * 1e6 / max(1, run["records"]), 1)
+            for layer, share in shares.items()
+            if layer != "samples"
+        }
+        out[side] = {
+            "loop_thread_share": shares,
+            "loop_thread_us_per_packet": per_packet,
+            "loop_cpu_ms_per_sample": round(loop_cpu * 1000 / max(1, run["samples"]), 3),
+            "loop_kernel_share": round(run["loop_kernel_s"].get(side, 0.0) / max(1e-9, loop_cpu), 3),
+            "process_cpu_ms_per_sample": round(run["cpu_s"][side] * 1000 / max(1, run["samples"]), 3),
+            "whole_process_share": breakdown(path),
+        }
+    return out
+
+
+def _device(name: str) -> tuple[str, str]:
+    import torch
+
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.device(name)
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: torch sees no CUDA device")
+        return str(dev), torch.cuda.get_device_name(dev)
+    return "cpu", f"CPU ({os.cpu_count()} cores)"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--quick", action="store_true")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="8 s windows (about two minutes in all)")
+    parser.add_argument("--seconds", type=float, help="window per run (default 30, or 8 with --quick)")
+    parser.add_argument("--repeat", type=int, default=3, help="rounds, cases interleaved in each (default 3)")
+    parser.add_argument("--layout", choices=("split", "inprocess", "both"), default="split")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when there is one), cpu, cuda, cuda:N")
+    parser.add_argument(
+        "--wire", choices=("float16", "int8"), default="float16", help="expert calls' wire format (float16)"
+    )
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--in-flight", type=int, default=4)
-    args = parser.parse_args()
-    seconds = 8.0 if args.quick else 30.0
-    pin_host_addresses(["127.0.0.1"])
-    spec = ExpertSpec("ffn", 1024, 4096)
-    local = inprocess_sps(spec, args.batch, seconds)
-    print(f"in process: {local:.0f} samples/s", flush=True)
-    loop = LoopThread("bench-loop")
-    try:
-        remote = loop.run(remote_sps(spec, args.batch, seconds, args.in_flight, loop), seconds + 120)
-    finally:
-        loop.close()
-    print(f"remote: {remote['remote_sps']:.0f} samples/s", flush=True)
-    result = {
-        "d": spec.dim,
-        "hidden": spec.hidden,
-        "batch": args.batch,
-        "in_flight": args.in_flight,
-        "inprocess_sps": round(local, 1),
-        "remote_sps": round(remote["remote_sps"], 1),
-        "ratio": round(remote["remote_sps"] / local, 3),
-        "wire_bytes_per_sample": round(remote["wire_bytes_per_sample"], 1),
-        "inputs_resent": remote["resends"],
+    parser.add_argument("--d", type=int, default=1024)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--profile", type=Path, metavar="DIR", help="one more split run under py-spy, to DIR")
+    parser.add_argument("--native", action="store_true", help="with --profile: C frames too (slower)")
+    opts = parser.parse_args()
+    seconds = opts.seconds or (8.0 if opts.quick else 30.0)
+    device, device_name = _device(opts.device)
+    args = {
+        "d": opts.d,
+        "hidden": opts.hidden,
+        "batch": opts.batch,
+        "in_flight": opts.in_flight,
+        "device": device,
+        "wire": opts.wire,
     }
+    layouts = ["split", "inprocess"] if opts.layout == "both" else [opts.layout]
+    ctx = mp.get_context("spawn")
+    url, stop = _coordinator_thread()
+    from engine.p2p.eventloop import loop_name
+
+    loads = [round(os.getloadavg()[0], 2)]
+    local: list[dict[str, Any]] = []
+    remote: dict[str, list[dict[str, Any]]] = {layout: [] for layout in layouts}
+    try:
+        for r in range(opts.repeat):
+            cases = ["inprocess_compute", *layouts]
+            for case in cases[r % len(cases) :] + cases[: r % len(cases)]:  # rotate: load drift hits all
+                if case == "inprocess_compute":
+                    local.append(run_compute(ctx, args, seconds))
+                    got = local[-1]
+                else:
+                    remote[case].append(run_remote(ctx, url, case, args, seconds))
+                    got = remote[case][-1]
+                print(
+                    f"  round {r + 1}/{opts.repeat} {case}: {got['sps']:.0f} samples/s, "
+                    f"{got['cpu_ms_per_sample']:.2f} CPU ms/sample, cores {got['cores_busy']}, "
+                    f"loops {got['loop_busy']}, machine {got['machine_busy']} "
+                    f"(load {os.getloadavg()[0]:.2f})",
+                    flush=True,
+                )
+            loads.append(round(os.getloadavg()[0], 2))
+        profile = None
+        if opts.profile is not None:
+            profile = run_remote(ctx, url, "split", args, seconds, profile=opts.profile, native=opts.native)
+    finally:
+        stop.set()
+    inproc = _stats([x["sps"] for x in local])
+    result: dict[str, Any] = {
+        "device": device,
+        "device_name": device_name,
+        "layout": layouts[0],
+        "d": opts.d,
+        "hidden": opts.hidden,
+        "batch": opts.batch,
+        "in_flight": opts.in_flight,
+        "wire": opts.wire,
+        "window_s": seconds,
+        "repeat": opts.repeat,
+        "inprocess_sps": inproc["median"],
+        "inprocess_sps_stats": inproc,
+        "inprocess_cpu_ms_per_sample": _stats([x["cpu_ms_per_sample"] for x in local], 3)["median"],
+    }
+    for i, layout in enumerate(layouts):
+        s = summarize(remote[layout], opts.batch)
+        paired = [m["sps"] / c["sps"] for m, c in zip(remote[layout], local, strict=True)]
+        s["ratio"] = round(s["remote_sps"]["median"] / inproc["median"], 3)
+        s["ratio_paired"] = _stats(paired, 3)
+        s["bound"] = _bound(remote[layout], device)
+        if i == 0:  # the headline figures: the first layout's (split by default)
+            result.update(
+                {
+                    "remote_sps": s["remote_sps"]["median"],
+                    "remote_sps_stats": s["remote_sps"],
+                    "ratio": s["ratio"],
+                    "cpu_ms_per_sample": s["cpu_ms_per_sample"]["median"],
+                    "wire_bytes_per_sample": s["wire_bytes_per_sample"],
+                    "bound": s["bound"],
+                }
+            )
+        result[f"{layout}_layout"] = s
+    if profile is not None:
+        result["profile"] = _profile_figures(opts.profile, profile)
+    result.update({"loop": loop_name(), "load_avg_1m": loads, "cpus": os.cpu_count()})
+    print(
+        f"in process {inproc['median']:.0f} samples/s ({inproc['min']:.0f}-{inproc['max']:.0f}); "
+        + "; ".join(
+            f"{layout}: {result[f'{layout}_layout']['remote_sps']['median']:.0f} "
+            f"({result[f'{layout}_layout']['remote_sps']['min']:.0f}-"
+            f"{result[f'{layout}_layout']['remote_sps']['max']:.0f}), "
+            f"ratio {result[f'{layout}_layout']['ratio']}, "
+            f"{result[f'{layout}_layout']['cpu_ms_per_sample']['median']} CPU ms/sample; "
+            f"bound: {result[f'{layout}_layout']['bound']}"
+            for layout in layouts
+        ),
+        flush=True,
+    )
     print(json.dumps(result), flush=True)
 
 

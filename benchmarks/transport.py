@@ -1,19 +1,31 @@
 """Transport throughput: stock aiortc vs the project's RPC (raw and int8) vs plain TCP, in one run.
 
 Every case is two processes on loopback (spawned, so each starts clean). The parent reads both
-processes' CPU time (psutil) around the transfer, so ``cpu_ms_per_MiB`` is sender plus receiver.
+processes' CPU time (psutil) around the transfer, so ``cpu_ms_per_MiB`` is sender plus receiver, for
+every row (stock included).
 
-(a) stock: aiortc as installed, asyncio's default loop, one data channel, 64 KiB messages,
-    a bufferedAmount watermark loop; the baseline.
+The product comparison (what a user gets):
+
+(a) stock: aiortc as installed, asyncio's default loop, one data channel, 64 KiB messages, a
+    bufferedAmount watermark loop (pause above 8 messages buffered, resume at 4); the baseline.
 (b) project: ``Peer.call`` through the coordinator's signaling, 4 MiB float32 tensors, 4 calls in
-    flight, patched SCTP, uvloop where available; the bytes counted are tensor bytes.
+    flight, the project's aiortc patches, uvloop where available; the bytes counted are tensor bytes.
 (c) project_int8: as (b) with 8-bit blockwise compression; counts float32 bytes delivered.
 (d) tcp: asyncio streams, 64 KiB writes.
-(e) slow reader: (b) to a receiver that consumes one message at a time and sleeps, sampling what
-    the sender holds (channel bufferedAmount plus SCTP's queues) every 5 ms.
 
-    .venv/bin/python benchmarks/transport.py --quick     # 64 MiB per case, within 60 s
-    .venv/bin/python benchmarks/transport.py             # 256 MiB per case, 1 GiB slow reader
+Like-for-like rows that isolate one change at a time, all on the raw channel of (a) (same message size,
+same watermarks, same code): ``raw_patched_asyncio`` (the patches alone, asyncio), ``raw_stock_uvloop``
+(the loop alone) and ``raw_patched_uvloop`` (patches and loop: the patches alone against
+``raw_stock_uvloop``). (b) against ``raw_patched_uvloop`` is the cost of the project's framing and RPC.
+
+Every case runs ``--repeat`` times, interleaved (the order rotates each round, so a change in the
+machine's load hits every case alike); the summary prints median (min-max) and the JSON holds median,
+min, max and spread ((max-min)/median) per case, plus the 1-minute load average before and after every
+round. (e) slow reader, once: (b) to a receiver that consumes one message at a time and sleeps,
+sampling what the sender holds (channel bufferedAmount plus SCTP's queues) every 5 ms.
+
+    .venv/bin/python benchmarks/transport.py --quick --repeat 1   # 32 MiB per case, about a minute
+    .venv/bin/python benchmarks/transport.py                      # 128 MiB per case, 3 rounds
 """
 
 from __future__ import annotations
@@ -27,6 +39,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -37,15 +50,31 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 TENSOR_ELEMS = 1 << 20  # 4 MiB of float32 per call
 IN_FLIGHT = 4
+RAW_MSG = 64 << 10  # raw channel rows: 64 KiB messages, watermarks at 8 (pause) and 4 (resume) messages
 
 
 def _pin() -> None:
-    from engine.p2p import aiortc_patches
+    """Host candidates on 127.0.0.1 only (the patches module's path differs between versions)."""
+    try:
+        from engine.p2p.patches import pin_host_addresses  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        from engine.p2p.aiortc_patches import pin_host_addresses  # type: ignore[no-redef,unused-ignore]
+    pin_host_addresses(["127.0.0.1"])
 
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
+
+def _install_patches() -> None:
+    """The project's aiortc/aioice patches, exactly as a node installs them."""
+    try:
+        from engine.p2p import patches  # type: ignore[attr-defined,unused-ignore]
+
+        patches.install(strict=True)
+    except ImportError:
+        from engine.p2p import aiortc_patches
+
+        aiortc_patches.apply()
 
 
-# -- (a) stock aiortc -------------------------------------------------------------------------------
+# -- (a) stock aiortc, and the like-for-like raw channel rows ---------------------------------------
 
 
 async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, msg: int) -> None:
@@ -97,9 +126,17 @@ async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, m
     await pc.close()
 
 
-def _stock_main(role: str, sdp: Connection, ctl: Connection, total: int, msg: int) -> None:
+def _stock_main(
+    role: str, sdp: Connection, ctl: Connection, total: int, msg: int, patched: bool, uv: bool
+) -> None:
+    """One side of a raw data channel; ``patched``/``uv`` switch the project's patches and loop on."""
+    from engine.p2p import eventloop
+
     _pin()
-    asyncio.run(_stock_side(role, sdp, ctl, total, msg))
+    if patched:
+        _install_patches()
+    main = _stock_side(role, sdp, ctl, total, msg)
+    eventloop.run(main) if uv else asyncio.run(main)
 
 
 # -- (b, c, e) the project's RPC --------------------------------------------------------------------
@@ -108,13 +145,13 @@ def _stock_main(role: str, sdp: Connection, ctl: Connection, total: int, msg: in
 def _project_main(role: str, ctl: Connection, url: str, args: dict[str, Any]) -> None:
     import torch
 
-    from engine.p2p import aiortc_patches, eventloop
+    from engine.p2p import eventloop
 
     # Codec work is small next to the transport's; one intra-op thread keeps OpenMP's spinning
     # workers from competing with the event loop for this machine's two cores.
     torch.set_num_threads(1)
     _pin()
-    aiortc_patches.apply()
+    _install_patches()
     eventloop.run(_project_side(role, ctl, url, args))
 
 
@@ -254,25 +291,34 @@ def _cpu(*procs: mp.process.BaseProcess) -> float:
 
 def _measure_pair(
     sender: mp.process.BaseProcess, receiver: mp.process.BaseProcess, s_ctl: Connection, wait_end: Any
-) -> tuple[float, float, Any]:
+) -> tuple[float, tuple[float, float], Any]:
+    """Elapsed seconds, (sender, receiver) CPU seconds, and what ``wait_end`` returned."""
     assert s_ctl.poll(120), "sender never became ready"
     assert s_ctl.recv() == "ready"
-    cpu0 = _cpu(sender, receiver)
+    cpu0 = _cpu(sender), _cpu(receiver)
     t0 = time.perf_counter()
     s_ctl.send("go")
     result = wait_end()
     elapsed = time.perf_counter() - t0
-    cpu = _cpu(sender, receiver) - cpu0
-    return elapsed, cpu, result
+    return elapsed, (_cpu(sender) - cpu0[0], _cpu(receiver) - cpu0[1]), result
 
 
-def run_stock(ctx: Any, total: int) -> dict[str, float]:
+def _per_mib(cpu: tuple[float, float], nbytes: int) -> dict[str, float]:
+    mib = nbytes / MIB
+    return {
+        "cpu_ms_per_MiB": sum(cpu) * 1000 / mib,
+        "sender_cpu_ms_per_MiB": cpu[0] * 1000 / mib,
+        "receiver_cpu_ms_per_MiB": cpu[1] * 1000 / mib,
+    }
+
+
+def run_stock(ctx: Any, total: int, patched: bool = False, uv: bool = False) -> dict[str, float]:
     sdp_a, sdp_b = ctx.Pipe()
     s_ctl, s_child = ctx.Pipe()
     r_ctl, r_child = ctx.Pipe()
-    msg = 64 << 10
-    sender = ctx.Process(target=_stock_main, args=("send", sdp_a, s_child, total, msg))
-    receiver = ctx.Process(target=_stock_main, args=("recv", sdp_b, r_child, total, msg))
+    msg = RAW_MSG
+    sender = ctx.Process(target=_stock_main, args=("send", sdp_a, s_child, total, msg, patched, uv))
+    receiver = ctx.Process(target=_stock_main, args=("recv", sdp_b, r_child, total, msg, patched, uv))
     receiver.start()
     sender.start()
 
@@ -284,8 +330,7 @@ def run_stock(ctx: Any, total: int) -> dict[str, float]:
     elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
     sender.join(60)
     receiver.join(60)
-    mib = total / MIB
-    return {"MBps": total / elapsed / 1e6, "cpu_ms_per_MiB": cpu * 1000 / mib}
+    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
 
 
 def run_tcp(ctx: Any, total: int) -> dict[str, float]:
@@ -308,7 +353,7 @@ def run_tcp(ctx: Any, total: int) -> dict[str, float]:
     elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
     sender.join(60)
     receiver.join(60)
-    return {"MBps": total / elapsed / 1e6, "cpu_ms_per_MiB": cpu * 1000 / (total / MIB)}
+    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
 
 
 def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
@@ -333,7 +378,7 @@ def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
     elapsed = result["elapsed"]
     return {
         "MBps": result["bytes"] / elapsed / 1e6,
-        "cpu_ms_per_MiB": cpu * 1000 / (result["bytes"] / MIB),
+        **_per_mib(cpu, result["bytes"]),
         "wire_MiB": result["wire_bytes"] / MIB,
         "connect_ms": result["connect_ms"],
         "rtt_us_p50": result["rtt_us_p50"],
@@ -364,60 +409,128 @@ def _rate(case: dict[str, float]) -> str:
     return f"{case['MBps']:.1f} MB/s, {case['cpu_ms_per_MiB']:.0f} CPU ms/MiB"
 
 
+def _load() -> float:
+    return round(os.getloadavg()[0], 2)
+
+
+def _summary(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Median, min and max of every figure over the repeats (``spread`` = (max - min) / median)."""
+    out: dict[str, float] = {}
+    for key in runs[0]:
+        values = [r[key] for r in runs]
+        med = statistics.median(values)
+        out[key] = round(med, 2)
+        if key in ("MBps", "cpu_ms_per_MiB"):
+            out[f"{key}_min"] = round(min(values), 2)
+            out[f"{key}_max"] = round(max(values), 2)
+            out[f"{key}_spread"] = round((max(values) - min(values)) / med, 2) if med else 0.0
+    out["runs"] = len(runs)
+    return out
+
+
+def _show(name: str, s: dict[str, float]) -> str:
+    return (
+        f"{name:<22} {s['MBps']:7.1f} MB/s ({s['MBps_min']:.1f}-{s['MBps_max']:.1f})  "
+        f"{s['cpu_ms_per_MiB']:6.1f} CPU ms/MiB ({s['cpu_ms_per_MiB_min']:.1f}-{s['cpu_ms_per_MiB_max']:.1f})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--quick", action="store_true", help="64 MiB per case (within 60 s)")
-    parser.add_argument("--mib", type=int, help="MiB per case (default 256, or 64 with --quick)")
+    parser.add_argument("--quick", action="store_true", help="32 MiB per case")
+    parser.add_argument("--mib", type=int, help="MiB per case (default 128, or 32 with --quick)")
+    parser.add_argument("--repeat", type=int, default=3, help="runs of every case, interleaved (default 3)")
     parser.add_argument(
         "--slow-mib", type=int, help="MiB to the slow reader (default 1024, or 48 with --quick)"
     )
     opts = parser.parse_args()
-    total = (opts.mib or (64 if opts.quick else 256)) * MIB
+    total = (opts.mib or (32 if opts.quick else 128)) * MIB
     slow_total = (opts.slow_mib or (48 if opts.quick else 1024)) * MIB
     ctx = mp.get_context("spawn")
     url, stop = _coordinator_thread()
     from engine.p2p.eventloop import loop_name
 
-    stock = run_stock(ctx, total)
-    print(f"(a) stock aiortc, asyncio, 64 KiB: {_rate(stock)}", flush=True)
-    project = run_project(ctx, url, {"total": total})
-    print(f"(b) project RPC raw ({loop_name()}): {_rate(project)}", flush=True)
-    int8 = run_project(ctx, url, {"total": total, "int8": True})
-    print(
-        f"(c) project RPC int8: {int8['MBps']:.1f} MB/s of float32, {int8['wire_MiB']:.1f} MiB on the wire",
-        flush=True,
-    )
-    tcp = run_tcp(ctx, total)
-    print(f"(d) asyncio TCP: {tcp['MBps']:.1f} MB/s, {tcp['cpu_ms_per_MiB']:.1f} CPU ms/MiB", flush=True)
+    loop = loop_name()
+    have_uv = loop == "uvloop"
+    cases: dict[str, Callable[[], dict[str, float]]] = {
+        # the product comparison: stock aiortc as a user runs it, the project as it ships
+        "stock": lambda: run_stock(ctx, total),
+        "project": lambda: run_project(ctx, url, {"total": total}),
+        # like-for-like on one raw channel: same message size and watermarks, one switch at a time
+        "raw_patched_asyncio": lambda: run_stock(ctx, total, patched=True),
+        "project_int8": lambda: run_project(ctx, url, {"total": total, "int8": True}),
+        "tcp": lambda: run_tcp(ctx, total),
+    }
+    if have_uv:
+        cases["raw_stock_uvloop"] = lambda: run_stock(ctx, total, uv=True)
+        cases["raw_patched_uvloop"] = lambda: run_stock(ctx, total, patched=True, uv=True)
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
+    loads = [_load()]
+    names = list(cases)
+    for r in range(opts.repeat):
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate: drift in load hits every case
+        for name in order:
+            runs[name].append(cases[name]())
+            print(f"  run {r + 1}/{opts.repeat} {name}: {_rate(runs[name][-1])} (load {_load()})", flush=True)
+        loads.append(_load())
     # A reader at about a third of the link's speed: 4 MiB messages, one at a time, 0.5 s each.
     slow = run_project(ctx, url, {"total": slow_total, "reader_delay": 0.5})
-    print(
-        f"(e) slow reader: {slow_total // MIB} MiB, sender held at most {slow['peak_buffered_MiB']:.2f} MiB",
-        flush=True,
-    )
     stop.set()
-    figures = {
-        "stock_MBps": round(stock["MBps"], 2),
-        "project_MBps": round(project["MBps"], 2),
-        "project_int8_effective_MBps": round(int8["MBps"], 2),
-        "tcp_MBps": round(tcp["MBps"], 1),
-        "speedup": round(project["MBps"] / stock["MBps"], 2),
-        "effective_speedup": round(int8["MBps"] / stock["MBps"], 2),
-        "cpu_ms_per_MiB": round(project["cpu_ms_per_MiB"], 1),
-        "stock_cpu_ms_per_MiB": round(stock["cpu_ms_per_MiB"], 1),
-        "cpu_ratio": round(project["cpu_ms_per_MiB"] / stock["cpu_ms_per_MiB"], 2),
-        "int8_cpu_ms_per_float32_MiB": round(int8["cpu_ms_per_MiB"], 1),
-        "tcp_cpu_ms_per_MiB": round(tcp["cpu_ms_per_MiB"], 2),
-        "connect_ms": round(project["connect_ms"], 1),
-        "rtt_us_p50": round(project["rtt_us_p50"]),
+    res = {name: _summary(values) for name, values in runs.items()}
+    print(f"median (min-max) of {opts.repeat} interleaved runs, {total // MIB} MiB each, loop {loop}:")
+    for name, summary in res.items():
+        print("  " + _show(name, summary))
+    print(f"  slow reader: {slow_total // MIB} MiB, sender held at most {slow['peak_buffered_MiB']:.2f} MiB")
+    stock, project, int8, tcp = res["stock"], res["project"], res["project_int8"], res["tcp"]
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else 0.0
+
+    figures: dict[str, Any] = {
+        "stock_MBps": stock["MBps"],
+        "project_MBps": project["MBps"],
+        "project_int8_effective_MBps": int8["MBps"],
+        "tcp_MBps": tcp["MBps"],
+        "speedup": ratio(project["MBps"], stock["MBps"]),
+        "effective_speedup": ratio(int8["MBps"], stock["MBps"]),
+        "cpu_ms_per_MiB": project["cpu_ms_per_MiB"],
+        "stock_cpu_ms_per_MiB": stock["cpu_ms_per_MiB"],
+        "cpu_ratio": ratio(project["cpu_ms_per_MiB"], stock["cpu_ms_per_MiB"]),
+        "int8_cpu_ms_per_float32_MiB": int8["cpu_ms_per_MiB"],
+        "tcp_cpu_ms_per_MiB": tcp["cpu_ms_per_MiB"],
+        "connect_ms": project["connect_ms"],
+        "rtt_us_p50": project["rtt_us_p50"],
         "peak_buffered_MiB": round(max(project["peak_buffered_MiB"], slow["peak_buffered_MiB"]), 2),
         "slow_reader_MiB": slow_total // MIB,
         "slow_reader_peak_buffered_MiB": round(slow["peak_buffered_MiB"], 2),
-        "MiB_per_case": total // MIB,
-        "loop": loop_name(),
+        # like-for-like: what the patches alone do on each loop, and what the loop alone does
+        "patch_speedup_asyncio": ratio(res["raw_patched_asyncio"]["MBps"], stock["MBps"]),
+        "patch_cpu_ratio_asyncio": ratio(
+            res["raw_patched_asyncio"]["cpu_ms_per_MiB"], stock["cpu_ms_per_MiB"]
+        ),
     }
+    if have_uv:
+        raw_stock, raw_patched = res["raw_stock_uvloop"], res["raw_patched_uvloop"]
+        figures["patch_speedup_uvloop"] = ratio(raw_patched["MBps"], raw_stock["MBps"])
+        figures["patch_cpu_ratio_uvloop"] = ratio(raw_patched["cpu_ms_per_MiB"], raw_stock["cpu_ms_per_MiB"])
+        figures["uvloop_speedup_stock"] = ratio(raw_stock["MBps"], stock["MBps"])
+        # the project's framing and RPC over the same patched channel on the same loop
+        figures["rpc_vs_raw_patched_cpu_ratio"] = ratio(
+            project["cpu_ms_per_MiB"], raw_patched["cpu_ms_per_MiB"]
+        )
+    figures.update(
+        {
+            "cases": res,
+            "repeat": opts.repeat,
+            "MiB_per_case": total // MIB,
+            "raw_msg_KiB": RAW_MSG >> 10,
+            "loop": loop,
+            "load_avg_1m": loads,
+            "cpus": os.cpu_count(),
+        }
+    )
     print(json.dumps(figures))
 
 

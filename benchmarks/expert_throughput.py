@@ -19,7 +19,8 @@ Every figure comes from a fixed window (``--seconds``: 30 s, ``--quick`` 8 s) af
 batching, allocator), repeated ``--repeat`` times (3) with the cases interleaved in every round, and
 reported as median with min and max. CPU time is every process's (host, trainer, parent; psutil) over the
 window: ``cpu_ms_per_sample``. ``wire_bytes_per_sample`` counts every byte both ways on the channel
-(headers, tensors, frames); float16 inputs, outputs and gradients are 4 x 2 KiB = 8 KiB for d=1024.
+(headers, tensors, frames) over all calls once every one has completed; float16 inputs, outputs and
+gradients are 4 x 2 KiB = 8 KiB for d=1024.
 ``udp_packets_per_sample`` counts DTLS records both ways (about one SCTP packet each);
 ``loop_cpu_us_per_packet`` is both event loop threads' CPU per packet (they carry the transport; compute
 runs on worker threads) and ``loop_kernel_share`` the part of it spent in the kernel (UDP syscalls, epoll).
@@ -240,6 +241,9 @@ def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any
     _serve_marks(ctl, lambda: loop.run(snapshot(), 10), warm, {"loop_tid": loop_tid})
     state["stop"] = True
     running.result(180)
+    # Every call has completed now: the channel's totals over all of them are exact bytes per sample,
+    # which a window's difference is not (calls in flight at its edges count bytes but no samples).
+    final = loop.run(snapshot(), 10)
 
     async def down() -> None:
         await peer.stop()
@@ -249,7 +253,7 @@ def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any
             await server.close()
 
     loop.run(down(), 60)
-    ctl.send("bye")
+    ctl.send({"bye": True, "wire_total": final["wire"], "samples_total": final["done"]})
 
 
 # -- the parent: spawn, window, CPU -----------------------------------------------------------------
@@ -379,7 +383,8 @@ def run_remote(
             spy.wait(seconds + 60)
         ctl.send("stop")
         assert ctl.poll(240), "trainer did not stop"
-        ctl.recv()
+        bye = ctl.recv()
+        m["wire_total"], m["samples_total"] = bye["wire_total"], bye["samples_total"]
         if host_ctl is not None:
             host_ctl.send("stop")
     finally:
@@ -472,7 +477,8 @@ def summarize(runs: list[dict[str, Any]], batch: int) -> dict[str, Any]:
         "machine_busy": statistics.median([r["machine_busy"] for r in runs]),
     }
     samples = sum(r["samples"] for r in runs)
-    out["wire_bytes_per_sample"] = round(sum(r["wire"] for r in runs) / max(1, samples), 1)
+    total = sum(r["samples_total"] for r in runs)
+    out["wire_bytes_per_sample"] = round(sum(r["wire_total"] for r in runs) / max(1, total), 1)
     out["udp_packets_per_sample"] = round(sum(r["records"] for r in runs) / max(1, samples), 2)
     out["wire_MBps"] = round(statistics.median(sps) * out["wire_bytes_per_sample"] / 1e6, 2)
     # The event loop threads do the transport's work (compute runs on worker threads): their CPU per

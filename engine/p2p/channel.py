@@ -23,7 +23,10 @@ from .framing import (
     WINDOW,
     Buffer,
     Deframer,
+    LinkMemory,
+    abort_frame,
     data_frames,
+    is_abort,
     message_size,
     parse_window,
     window_frame,
@@ -74,10 +77,13 @@ class FramedChannel:
         upload: RateLimiter | None = None,
         download: RateLimiter | None = None,
         on_traffic: TrafficCounter | None = None,
+        memory_budget: int | None = None,
     ) -> None:
         """``upload``/``download``: the volunteer's bandwidth caps. Upload is paced before each frame;
         download by pacing the credit granted back, so the remote slows down to our cap (beyond the
-        first window, which is granted up front). ``on_traffic`` counts bytes for the data cap."""
+        first window, which is granted up front). ``on_traffic`` counts bytes for the data cap.
+        ``memory_budget``: what this link may hold for received data (:class:`LinkMemory`; at least
+        the window, which is the default)."""
         self.channel = channel
         self.upload = upload
         self.download = download
@@ -88,13 +94,17 @@ class FramedChannel:
         self.max_frame = max_frame
         self.max_message_bytes = max_message_bytes
         self.high_water = high_water
-        self.deframer = Deframer(window=window, max_message_bytes=max_message_bytes)
+        if memory_budget is not None and memory_budget < window:
+            raise ValueError("memory_budget must be at least the window")
+        self.memory = LinkMemory(capacity=memory_budget or window)
+        self.deframer = Deframer(window=window, max_message_bytes=max_message_bytes, memory=self.memory)
         self.credit = window
         self.in_progress_budget = window // 2
         self.in_progress = 0
         self.peak_buffered = 0
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.aborts_sent = 0
         self.error: BaseException | None = None
         self._ids = itertools.count(1)
         self._credit_changed = asyncio.Event()
@@ -117,8 +127,9 @@ class FramedChannel:
             self._budget_changed.clear()
             await self._budget_changed.wait()
         self.in_progress += size
+        started = finished = False
+        message_id = next(self._ids) & 0xFFFFFFFF
         try:
-            message_id = next(self._ids) & 0xFFFFFFFF
             for frame in data_frames(message_id, pieces, self.max_frame):
                 payload = len(frame) - (DATA_OVERHEAD if frame[1] & 1 else DATA_OVERHEAD - 8)
                 while self.credit < payload:
@@ -134,6 +145,8 @@ class FramedChannel:
                 self._raise_if_failed()
                 self.credit -= payload
                 self.channel.send(frame)
+                started = True
+                finished = bool(frame[1] & 2)
                 self.bytes_sent += len(frame)
                 if self.on_traffic is not None:
                     self.on_traffic(len(frame), 0)
@@ -143,6 +156,14 @@ class FramedChannel:
         finally:
             self.in_progress -= size
             self._budget_changed.set()
+            if started and not finished:
+                self._abort(message_id)
+
+    def _abort(self, message_id: int) -> None:
+        """Tell the receiver to drop a message we gave up half way (it would hold its bytes forever)."""
+        if self.error is None and self.channel.readyState == "open":
+            self.channel.send(abort_frame(message_id))
+            self.aborts_sent += 1
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -162,6 +183,11 @@ class FramedChannel:
             if frame[:1] == bytes([WINDOW]):
                 self.credit += parse_window(frame)
                 self._credit_changed.set()
+                return
+            if is_abort(frame):
+                dropped = self.deframer.abort(frame)
+                if dropped:
+                    self.release(dropped)
                 return
             completed = self.deframer.feed(frame)
         except ProtocolError as e:

@@ -27,7 +27,7 @@ from .channel import FramedChannel, RateLimiter, TrafficCounter
 from .descriptions import SignedDescription, sign_description, verify_description
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .identity import Identity
-from .rpc import Handlers, RpcEndpoint
+from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, Handlers, RpcEndpoint
 from .signaling_protocol import IceServer
 
 logger = logging.getLogger(__name__)
@@ -45,6 +45,11 @@ class LinkConfig:
     max_message_bytes: int = 32 << 20
     high_water: int = 1 << 20
     max_concurrent: int = 64
+    max_queued: int = 1024  # requests waiting for a handler slot; more is a protocol error
+    memory_budget: int = 96 << 20  # received data a link may hold, decoded tensors included
+    handler_deadline: float = DEFAULT_HANDLER_DEADLINE  # a handler and its reply (per stream item)
+    stream_window: int = DEFAULT_STREAM_WINDOW  # how far a served stream may run ahead of its reader
+    close_timeout: float = 5.0
     limits: Limits = field(default_factory=lambda: Limits(max_message_bytes=32 << 20))
     upload: RateLimiter | None = None  # shared by every link: the node's upload cap
     download: RateLimiter | None = None
@@ -78,6 +83,7 @@ class Link:
         self._on_closed = on_closed
         self._closing = False
         self._closer: asyncio.Future[None] | None = None
+        self.close_timeout = config.close_timeout
         max_frame = (
             min(pc.sctp._remote_max_message_size or (1 << 18), 1 << 18) if pc.sctp else FALLBACK_MAX_MESSAGE
         )
@@ -93,6 +99,7 @@ class Link:
                 upload=config.upload,
                 download=config.download,
                 on_traffic=config.on_traffic,
+                memory_budget=config.memory_budget,
             )
 
         self.rpc = RpcEndpoint(
@@ -101,6 +108,9 @@ class Link:
             peer_id=remote_id,
             limits=config.limits,
             max_concurrent=config.max_concurrent,
+            max_queued=config.max_queued,
+            handler_deadline=config.handler_deadline,
+            stream_window=config.stream_window,
             on_failure=self._failed,
         )
         early.hand_over(channel, self.rpc.channel._on_frame)
@@ -112,7 +122,7 @@ class Link:
 
     @property
     def busy(self) -> bool:
-        return bool(self.rpc._pending or self.rpc._streams or self.rpc._serving)
+        return self.rpc.busy
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -131,12 +141,22 @@ class Link:
         if not self._closing:
             self._closing = True
             self._on_closed(self)
-            self._closer = asyncio.ensure_future(self.pc.close())
+            self._closer = asyncio.ensure_future(self._close_pc())
+
+    async def _close_pc(self) -> None:
+        """aiortc's close waits on its transports; bounded, so no caller waits on a dead peer for long."""
+        try:
+            async with asyncio.timeout(self.close_timeout):
+                await self.pc.close()
+        except TimeoutError:
+            logger.warning("closing the link to %s took over %.3g s", self.remote_id[:12], self.close_timeout)
 
     async def close(self) -> None:
+        """Close within ``close_timeout`` (plus a moment), whatever the remote does."""
         self.rpc.close()
         self._schedule_close()
-        await self.pc.close()
+        if self._closer is not None:
+            await asyncio.shield(self._closer)
 
 
 def remote_certificate_fingerprint(pc: RTCPeerConnection) -> str:

@@ -10,6 +10,7 @@ transfer.
 Layout (little-endian)::
 
     DATA    u8 0 | u8 flags (FIRST=1, LAST=2) | u32 message id | u64 total size if FIRST | payload
+    ABORT   u8 0 | u8 flags = ABORT (4)    | u32 message id        (the sender gave the message up)
     WINDOW  u8 1 | u64 credit increment
 
 Flow control (as HTTP/2's, one window per connection): a sender starts with ``window`` bytes of
@@ -19,6 +20,14 @@ grants credit back as the application *consumes* messages, so however slowly it 
 not finished at ``window // 2``; with the receiver's cap on one message (``max_message_bytes``, at most
 half the window) that leaves room for every partial message to complete, so a slow reader stalls the
 sender but never deadlocks it.
+
+Memory follows the data, never a claim: a message's buffer grows as its frames arrive (the total a
+FIRST frame declares is only checked against the limit and the bytes that follow), so what partial
+messages hold is bytes actually received, inside the credit window. A sender that gives a message up
+half way (its call timed out or was cancelled) sends ABORT, and the receiver drops the partial and
+grants its bytes back. Every received byte is charged to the link's :class:`LinkMemory` as it arrives
+and returned when the application consumes it; the RPC layer charges decoded tensors larger than
+their wire form to the same budget.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ DATA = 0
 WINDOW = 1
 FIRST = 1
 LAST = 2
+ABORT = 4
 
 _DATA_HEAD = struct.Struct("<BBI")
 _TOTAL = struct.Struct("<Q")
@@ -81,10 +91,58 @@ def window_frame(increment: int) -> bytes:
     return _WINDOW.pack(WINDOW, increment)
 
 
+def abort_frame(message_id: int) -> bytes:
+    return _DATA_HEAD.pack(DATA, ABORT, message_id)
+
+
+def is_abort(frame: bytes) -> bool:
+    return len(frame) >= 2 and frame[0] == DATA and frame[1] == ABORT
+
+
+@dataclass
+class LinkMemory:
+    """What one link holds for received data, in bytes: frames not yet consumed (credit bounds
+    those) plus decoded tensors beyond their wire size (RPC charges those before decoding).
+
+    ``charge`` is unconditional (bytes the credit window already admitted); ``try_charge`` admits
+    an extra only while it fits under ``capacity``, or when nothing extra is charged at all, so one
+    message larger than the budget still makes progress, alone."""
+
+    capacity: int
+    used: int = 0
+    extra: int = 0  # the part of ``used`` charged by try_charge (decoded expansion)
+    peak: int = 0
+    refused: int = 0  # try_charge calls that had to wait
+
+    def charge(self, n: int) -> None:
+        self.used += n
+        if self.used > self.peak:
+            self.peak = self.used
+
+    def try_charge(self, n: int) -> bool:
+        if n <= 0:
+            return True
+        if self.extra and self.used + n > self.capacity:
+            self.refused += 1
+            return False
+        self.extra += n
+        self.charge(n)
+        return True
+
+    def release(self, n: int, *, extra: bool = False) -> None:
+        self.used -= n
+        if extra:
+            self.extra -= n
+
+
 @dataclass
 class _Partial:
-    buffer: bytearray
-    filled: int = 0
+    total: int
+    buffer: bytearray = field(default_factory=bytearray)
+
+    @property
+    def filled(self) -> int:
+        return len(self.buffer)
 
 
 @dataclass
@@ -100,9 +158,12 @@ class Deframer:
     max_message_bytes: int
     max_partial: int = 256
     grant_threshold: int = 256 * 1024
+    memory: LinkMemory | None = None
     received: int = 0
     granted: int = 0
     held: int = 0  # bytes received and not yet consumed by the application
+    partial_bytes: int = 0  # of which in messages not yet complete
+    aborted: int = 0
     _pending_release: int = 0
     _partials: dict[int, _Partial] = field(default_factory=dict)
 
@@ -110,6 +171,8 @@ class Deframer:
         if self.max_message_bytes > self.window // 2:
             raise ValueError("max_message_bytes must be at most half the window")
         self.granted = self.window
+        if self.memory is None:
+            self.memory = LinkMemory(capacity=self.window)
 
     def feed(self, frame: bytes) -> list[tuple[int, bytearray]]:
         """Completed messages as (message id, bytes): none, or the one this frame finished."""
@@ -122,6 +185,8 @@ class Deframer:
             raise ProtocolError(f"unknown frame type {kind} or short frame ({len(frame)} bytes)")
         _, flags, message_id = _DATA_HEAD.unpack_from(frame)
         pos = _DATA_HEAD.size
+        if flags == ABORT:
+            raise ProtocolError("an ABORT frame goes to abort(), not feed()")
         if flags & ~(FIRST | LAST):
             raise ProtocolError(f"unknown frame flags {flags:#x}")
         if flags & FIRST:
@@ -135,7 +200,7 @@ class Deframer:
                 raise ProtocolError(f"message {message_id} started twice")
             if len(self._partials) >= self.max_partial:
                 raise ProtocolError(f"more than {self.max_partial} messages in progress")
-            partial = _Partial(bytearray(total))
+            partial = _Partial(total)  # nothing allocated from the claim: the buffer grows with data
             self._partials[message_id] = partial
         else:
             found = self._partials.get(message_id)
@@ -147,25 +212,41 @@ class Deframer:
         self.received += size
         if self.received > self.granted:
             raise ProtocolError(f"sender overran its credit window by {self.received - self.granted} bytes")
-        end = partial.filled + size
-        if end > len(partial.buffer):
-            raise ProtocolError(f"message {message_id} overflows its declared size {len(partial.buffer)}")
-        partial.buffer[partial.filled : end] = payload
-        partial.filled = end
+        if partial.filled + size > partial.total:
+            raise ProtocolError(f"message {message_id} overflows its declared size {partial.total}")
+        partial.buffer += payload
         self.held += size
+        self.partial_bytes += size
+        assert self.memory is not None
+        self.memory.charge(size)
         completed: list[tuple[int, bytearray]] = []
         if flags & LAST:
-            if partial.filled != len(partial.buffer):
+            if partial.filled != partial.total:
                 raise ProtocolError(
-                    f"message {message_id} ended at {partial.filled} of {len(partial.buffer)} bytes"
+                    f"message {message_id} ended at {partial.filled} of {partial.total} bytes"
                 )
             del self._partials[message_id]
+            self.partial_bytes -= partial.total
             completed.append((message_id, partial.buffer))
         return completed
+
+    def abort(self, frame: bytes) -> int:
+        """The sender gave a message up: drop what arrived of it; returns the bytes to release."""
+        if len(frame) != _DATA_HEAD.size or not is_abort(frame):
+            raise ProtocolError("malformed ABORT frame")
+        (_, _, message_id) = _DATA_HEAD.unpack(frame)
+        partial = self._partials.pop(message_id, None)
+        if partial is None:
+            return 0  # it had already completed, or never started: nothing held
+        self.partial_bytes -= partial.filled
+        self.aborted += 1
+        return partial.filled
 
     def release(self, size: int) -> int:
         """The application consumed ``size`` bytes; return credit to grant now (0 to wait for more)."""
         self.held -= size
+        assert self.memory is not None
+        self.memory.release(size)
         self._pending_release += size
         if self._pending_release >= self.grant_threshold or self.held == 0:
             increment = self._pending_release

@@ -7,6 +7,10 @@ dropped from the pool; the next call to that peer dials a fresh one.
 
 When two peers dial each other at once (glare) the offer of the peer with the smaller id wins: the
 other side drops its own attempt and answers, and its waiting callers get the answered link.
+
+Inbound offers are verified before anything is spent on them, then admitted by
+:class:`~engine.p2p.admission.InboundAdmission` (a cap per peer and in total on attempts in flight,
+replays dropped); ``offer_stats`` counts what was dropped and why.
 """
 
 from __future__ import annotations
@@ -24,9 +28,10 @@ from engine.wire import Compression, Message
 
 from . import aiortc_patches
 from . import signaling_protocol as sp
+from .admission import InboundAdmission, OfferStats, Verdict
 from .aioice_patches import recent_turn_failures
 from .connection import Link, LinkConfig, accept, close_quietly, dial
-from .descriptions import SignedDescription, new_session_id
+from .descriptions import SignedDescription, new_session_id, verify_description
 from .errors import ConnectError, P2PError, PeerMismatch
 from .identity import Identity
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
@@ -47,9 +52,12 @@ class Peer:
         idle_timeout: float = 120.0,
         token: str | None = None,
         token_provider: TokenProvider | None = None,
+        max_inbound_per_peer: int = 2,
+        max_inbound: int = 32,
     ) -> None:
         """``token``/``token_provider``: the account token a coordinator that admits only account
-        holders asks for (the provider is called before every join, so it can refresh)."""
+        holders asks for (the provider is called before every join, so it can refresh).
+        ``max_inbound_per_peer``/``max_inbound``: offers answered at once, per remote peer and in all."""
         aiortc_patches.apply()  # the project's transport is aiortc with these patches, everywhere
         self.identity = identity
         self.handlers = handlers or Handlers()
@@ -66,6 +74,11 @@ class Peer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self.rejected_offers = 0
+        self.admission = InboundAdmission(per_peer=max_inbound_per_peer, total=max_inbound)
+
+    @property
+    def offer_stats(self) -> OfferStats:
+        return self.admission.stats
 
     @property
     def peer_id(self) -> str:
@@ -207,9 +220,21 @@ class Peer:
             return
         if signal.sender in self._dial_tasks and self.peer_id < signal.sender:
             return  # glare: our offer wins, theirs is dropped on their side
+        try:
+            verify_description(desc, expected_sender=signal.sender, me=self.peer_id)
+        except PeerMismatch as e:
+            self.rejected_offers += 1
+            logger.warning("refused an offer from %s: %s", signal.sender[:12], e)
+            return
+        verdict = self.admission.admit(signal.sender, desc.session, desc.sdp)
+        if verdict is not Verdict.ANSWER:
+            logger.info("dropped an offer from %s: %s", signal.sender[:12], verdict.value)
+            return
         task = asyncio.create_task(self._accept(desc), name=f"accept-{signal.sender[:8]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        sender = signal.sender
+        task.add_done_callback(lambda _: self.admission.done(sender))
 
     async def _accept(self, offer: SignedDescription) -> None:
         remote = offer.sender

@@ -1,21 +1,37 @@
 """Remote procedure calls over one framed channel: unary and server-streaming, many in flight.
 
-Both ends of a link can call and serve. Each call has a finite timeout (``DEFAULT_TIMEOUT`` unless the
-caller gives one); a call that times out or whose task is cancelled sends CANCEL so the remote stops
-work it no longer needs. Handler failures come back as :class:`RemoteError` with a code; bytes that
-do not decode are the remote's fault: the link is failed with :class:`ProtocolError`.
+Both ends of a link can call and serve. Every wait is finite on both sides:
+
+- a call has a timeout (``DEFAULT_TIMEOUT`` unless the caller gives one); a call that times out or
+  whose task is cancelled sends CANCEL so the remote stops work it no longer needs;
+- a handler and the sending of its reply run under ``handler_deadline`` (a stream's: per item), so a
+  caller that stops granting credit, or a handler that never returns, frees its slot in time; the
+  caller then gets ``deadline_exceeded`` if the link still carries it;
+- CANCEL, CREDIT and error replies are small and sent under ``CONTROL_SEND_TIMEOUT``.
+
+Handler failures come back as :class:`RemoteError` with a code; bytes that do not decode are the
+remote's fault: the link is failed with :class:`ProtocolError`.
 
 Memory: a received message counts against the receive window until it is consumed. A request is
-consumed when its handler starts (at most ``max_concurrent`` run per link; the rest wait, holding
-window), a response when the caller gets it, a stream item when the consumer takes it.
+consumed when its handler starts (at most ``max_concurrent`` run per link, at most ``max_queued``
+wait, as bytes: no task per waiting request), a response when the caller gets it, a stream item
+when the consumer takes it. Messages are routed on their header (``peek_message``) and decoded only
+when consumed; a handler starts only once the link's memory budget admits its request's decoded
+tensors (``LinkMemory.try_charge``), which stay charged until the handler ends.
+
+Streams have their own flow control on top of the link's: the producer may run ``stream_window``
+bytes ahead of what the consumer has taken, and the consumer grants more with CREDIT messages as it
+reads, so one stalled consumer holds at most that much of the link's window, not all of it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,8 +45,11 @@ from engine.wire import (
     Kind,
     Limits,
     Message,
+    MessageHead,
     decode_message,
     encode_message,
+    encoded_size,
+    peek_message,
 )
 
 from .channel import FramedChannel
@@ -47,6 +66,9 @@ from .errors import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_TIMEOUT = 30.0
+DEFAULT_HANDLER_DEADLINE = 60.0
+DEFAULT_STREAM_WINDOW = 4 << 20
+CONTROL_SEND_TIMEOUT = 5.0
 UnaryHandler = Callable[[Message, "CallContext"], Awaitable[Message]]
 StreamHandler = Callable[[Message, "CallContext"], AsyncIterator[Message]]
 CompressionArg = Compression | Sequence[Compression]
@@ -86,6 +108,35 @@ def raise_remote(msg: Message) -> None:
     raise RemoteError(code, text)
 
 
+@dataclass
+class _Waiting:
+    """A request waiting for a handler slot: only its bytes (already counted by the window)."""
+
+    buffer: bytearray
+    head: MessageHead
+    size: int
+
+
+class _StreamCredit:
+    """The producer's side of one stream's window: it may send while ``available`` is positive."""
+
+    def __init__(self, window: int) -> None:
+        self.available = window
+        self._changed = asyncio.Event()
+
+    def grant(self, n: int) -> None:
+        self.available += n
+        self._changed.set()
+
+    def spend(self, n: int) -> None:
+        self.available -= n
+
+    async def wait(self) -> None:
+        while self.available <= 0:
+            self._changed.clear()
+            await self._changed.wait()
+
+
 class RpcEndpoint:
     def __init__(
         self,
@@ -95,21 +146,38 @@ class RpcEndpoint:
         peer_id: str,
         limits: Limits,
         max_concurrent: int = 64,
+        max_queued: int = 1024,
+        handler_deadline: float = DEFAULT_HANDLER_DEADLINE,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.handlers = handlers
         self.peer_id = peer_id
         self.limits = limits
+        self.max_concurrent = max_concurrent
+        self.max_queued = max_queued
+        self.handler_deadline = handler_deadline
+        self.stream_window = stream_window
         self.channel = channel_factory(self._on_message)
+        self.memory = self.channel.memory
         self._user_failure = on_failure
         self.channel.on_failure = self._on_failure
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
-        self._streams: dict[int, asyncio.Queue[tuple[Message, int] | BaseException]] = {}
+        self._streams: dict[int, asyncio.Queue[tuple[bytearray, int] | BaseException]] = {}
+        self._waiting: deque[_Waiting] = deque()
+        self._waiting_ids: set[int] = set()
         self._serving: dict[int, asyncio.Task[None]] = {}
-        self._slots = asyncio.Semaphore(max_concurrent)
+        self._stream_credit: dict[int, _StreamCredit] = {}
+        self._control: set[asyncio.Task[None]] = set()
         self.calls_made = 0
         self.calls_served = 0
+        self.handler_timeouts = 0  # handlers (or their replies) stopped at the deadline
+        self.stream_stalls = 0  # times a served stream waited for its consumer's credit
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._pending or self._streams or self._serving or self._waiting)
 
     # -- client side -----------------------------------------------------------------------------
 
@@ -155,10 +223,11 @@ class RpcEndpoint:
     ) -> AsyncIterator[Message]:
         """Yield the remote's stream items; ``timeout`` bounds the wait for each one."""
         request_id = next(self._ids)
-        queue: asyncio.Queue[tuple[Message, int] | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[tuple[bytearray, int] | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
         self.calls_made += 1
         finished = False
+        consumed = 0  # bytes taken and not yet granted back to the producer
         try:
             async with asyncio.timeout(timeout):
                 await self._send(
@@ -175,14 +244,20 @@ class RpcEndpoint:
                 if isinstance(item, BaseException):
                     finished = True
                     raise item
-                msg, size = item
+                buffer, size = item
                 self.channel.release(size)
+                msg = self._decode(buffer)
                 if msg.kind == Kind.END:
                     finished = True
                     return
                 if msg.kind == Kind.ERROR:
                     finished = True
                     raise_remote(msg)
+                consumed += size
+                if consumed >= self.stream_window // 4:
+                    # Below the producer's window, so it never waits on credit we are sitting on.
+                    self._send_control(Message(Kind.CREDIT, request_id, fields={"bytes": consumed}))
+                    consumed = 0
                 yield msg
         finally:
             self._streams.pop(request_id, None)
@@ -194,13 +269,23 @@ class RpcEndpoint:
                     self.channel.release(leftover[1])
 
     def _cancel_remote(self, request_id: int) -> None:
+        self._send_control(Message(Kind.CANCEL, request_id))
+
+    def _send_control(self, msg: Message) -> None:
         if self.channel.error is None:
-            task = asyncio.ensure_future(self._send(Message(Kind.CANCEL, request_id), Compression.NONE))
-            task.add_done_callback(_ignore_result)
+            task = asyncio.ensure_future(self._send_bounded(msg))
+            self._control.add(task)
+            task.add_done_callback(self._control.discard)
+
+    async def _send_bounded(self, msg: Message) -> None:
+        with contextlib.suppress(ConnectionLost, RpcError, TimeoutError):
+            async with asyncio.timeout(CONTROL_SEND_TIMEOUT):
+                await self._send(msg, Compression.NONE)
 
     # -- both sides ------------------------------------------------------------------------------
 
-    async def _send(self, msg: Message, compression: CompressionArg) -> None:
+    async def _send(self, msg: Message, compression: CompressionArg) -> int:
+        """Send one message; returns its size on the wire."""
         try:
             if _worth_a_thread(msg, compression):
                 # Quantizing megabytes takes milliseconds; on the loop it would stall SCTP meanwhile.
@@ -210,76 +295,171 @@ class RpcEndpoint:
         except EncodeError as e:
             raise RpcError(f"cannot encode {msg.method or msg.kind.name}: {e}") from e
         await self.channel.send(pieces)
+        return encoded_size(pieces)
+
+    def _decode(self, buffer: bytearray) -> Message:
+        try:
+            return decode_message(buffer, self.limits)
+        except DecodeError as e:
+            error = ProtocolError(f"undecodable message from {self.peer_id[:12]}: {e}")
+            self.channel.fail(error)
+            raise ConnectionLost(f"dropped {self.peer_id[:12]}: {error}") from error
 
     def _on_message(self, buffer: bytearray) -> None:
         size = len(buffer)
         try:
-            msg = decode_message(buffer, self.limits)
+            head = peek_message(buffer, self.limits)
         except DecodeError as e:
             self.channel.fail(ProtocolError(f"undecodable message from {self.peer_id[:12]}: {e}"))
             return
-        kind = msg.kind
+        kind, request_id = head.kind, head.request_id
         if kind == Kind.REQUEST:
-            self._serve(msg, size)
-        elif kind in (Kind.RESPONSE, Kind.ERROR) and msg.request_id in self._pending:
+            self._enqueue(_Waiting(buffer, head, size))
+        elif kind in (Kind.RESPONSE, Kind.ERROR) and request_id in self._pending:
             self.channel.release(size)
-            future = self._pending[msg.request_id]
-            if not future.done():
-                future.set_result(msg)
-        elif kind in (Kind.STREAM, Kind.END, Kind.ERROR) and msg.request_id in self._streams:
-            self._streams[msg.request_id].put_nowait((msg, size))
+            with contextlib.suppress(ConnectionLost):
+                msg = self._decode(buffer)
+                future = self._pending[request_id]
+                if not future.done():
+                    future.set_result(msg)
+        elif kind in (Kind.STREAM, Kind.END, Kind.ERROR) and request_id in self._streams:
+            self._streams[request_id].put_nowait((buffer, size))  # decoded when the consumer takes it
         elif kind == Kind.CANCEL:
             self.channel.release(size)
-            task = self._serving.get(msg.request_id)
-            if task is not None:
-                task.cancel()
+            self._cancel_served(request_id)
+        elif kind == Kind.CREDIT:
+            self.channel.release(size)
+            with contextlib.suppress(ConnectionLost):
+                granted = self._decode(buffer).fields.get("bytes")
+                if isinstance(granted, bool) or not isinstance(granted, int) or granted <= 0:
+                    self.channel.fail(ProtocolError(f"CREDIT of {granted!r} from {self.peer_id[:12]}"))
+                    return
+                credit = self._stream_credit.get(request_id)
+                if credit is not None:
+                    credit.grant(granted)
         else:  # a late answer to a call that already timed out or was cancelled
             self.channel.release(size)
 
     # -- server side -----------------------------------------------------------------------------
 
-    def _serve(self, msg: Message, size: int) -> None:
-        request_id = msg.request_id
-        if request_id in self._serving:
-            self.channel.release(size)
+    def _enqueue(self, waiting: _Waiting) -> None:
+        request_id = waiting.head.request_id
+        if request_id in self._serving or request_id in self._waiting_ids:
+            self.channel.release(waiting.size)
             self.channel.fail(ProtocolError(f"request id {request_id} reused while in flight"))
             return
-        task = asyncio.ensure_future(self._run_handler(msg, size))
-        self._serving[request_id] = task
-        task.add_done_callback(lambda _: self._serving.pop(request_id, None))
+        if len(self._waiting) >= self.max_queued:
+            self.channel.release(waiting.size)
+            self.channel.fail(ProtocolError(f"more than {self.max_queued} requests waiting for a handler"))
+            return
+        self._waiting.append(waiting)
+        self._waiting_ids.add(request_id)
+        self._start_waiting()
 
-    async def _run_handler(self, msg: Message, size: int) -> None:
-        ctx = CallContext(self.peer_id, msg.request_id)
+    def _start_waiting(self) -> None:
+        """Start waiting requests, in order, while a slot is free and the memory budget admits them."""
+        while self._waiting and len(self._serving) < self.max_concurrent and self.channel.error is None:
+            waiting = self._waiting[0]
+            charged = waiting.head.decoded_bytes
+            if not self.memory.try_charge(charged):
+                return  # a running handler holds decoded tensors; its end starts this one
+            self._waiting.popleft()
+            request_id = waiting.head.request_id
+            self._waiting_ids.discard(request_id)
+            task = asyncio.ensure_future(self._run_handler(waiting))
+            self._serving[request_id] = task
+            task.add_done_callback(functools.partial(self._handler_done, request_id, charged))
+
+    def _handler_done(self, request_id: int, charged: int, _: object = None) -> None:
+        self._serving.pop(request_id, None)
+        self.memory.release(charged, extra=True)
+        self._start_waiting()
+
+    def _cancel_served(self, request_id: int) -> None:
+        task = self._serving.get(request_id)
+        if task is not None:
+            task.cancel()
+            return
+        if request_id in self._waiting_ids:
+            for waiting in self._waiting:
+                if waiting.head.request_id == request_id:
+                    self._waiting.remove(waiting)
+                    self._waiting_ids.discard(request_id)
+                    self.channel.release(waiting.size)
+                    return
+
+    async def _run_handler(self, waiting: _Waiting) -> None:
+        request_id, method = waiting.head.request_id, waiting.head.method
+        self.channel.release(waiting.size)
         try:
-            async with self._slots:
-                self.channel.release(size)
-                self.calls_served += 1
-                if msg.method in self.handlers.unary:
-                    reply = await self.handlers.unary[msg.method](msg, ctx)
-                    reply.kind, reply.request_id = Kind.RESPONSE, msg.request_id
+            msg = self._decode(waiting.buffer)
+        except ConnectionLost:
+            return
+        del waiting
+        ctx = CallContext(self.peer_id, request_id)
+        self.calls_served += 1
+        deadline = asyncio.timeout(self.handler_deadline)
+        try:
+            if method in self.handlers.unary:
+                async with deadline:
+                    reply = await self.handlers.unary[method](msg, ctx)
+                    reply.kind, reply.request_id = Kind.RESPONSE, request_id
                     await self._send(reply, reply_compression(reply))
-                elif msg.method in self.handlers.streams:
-                    async for item in self.handlers.streams[msg.method](msg, ctx):
-                        item.kind, item.request_id = Kind.STREAM, msg.request_id
-                        await self._send(item, reply_compression(item))
-                    await self._send(Message(Kind.END, msg.request_id), Compression.NONE)
-                else:
-                    await self._reply_error(
-                        msg.request_id, "unknown_method", f"no method {msg.method!r} here"
-                    )
+            elif method in self.handlers.streams:
+                await self._serve_stream(self.handlers.streams[method](msg, ctx), request_id)
+            else:
+                await self._reply_error(request_id, "unknown_method", f"no method {method!r} here")
         except asyncio.CancelledError:
             return  # the caller cancelled; it expects nothing more
         except ConnectionLost:
             return
+        except TimeoutError:
+            if method in self.handlers.unary and not deadline.expired():
+                logger.exception("handler %s failed for %s", method, self.peer_id[:12])
+                await self._reply_error(request_id, "internal", "TimeoutError in the handler")
+                return
+            self.handler_timeouts += 1
+            logger.info(
+                "%s for %s passed its %.3g s deadline", method, self.peer_id[:12], self.handler_deadline
+            )
+            await self._reply_error(
+                request_id, "deadline_exceeded", f"{method} took over {self.handler_deadline:.3g} s"
+            )
         except RemoteError as e:
-            await self._reply_error(msg.request_id, e.code, e.message)
+            await self._reply_error(request_id, e.code, e.message)
         except Exception as e:
-            logger.exception("handler %s failed for %s", msg.method, self.peer_id[:12])
-            await self._reply_error(msg.request_id, "internal", f"{type(e).__name__}: {e}")
+            logger.exception("handler %s failed for %s", method, self.peer_id[:12])
+            await self._reply_error(request_id, "internal", f"{type(e).__name__}: {e}")
+
+    async def _serve_stream(self, items: AsyncIterator[Message], request_id: int) -> None:
+        """Each step (the next item, its credit, its sending) runs under the handler deadline."""
+        credit = _StreamCredit(self.stream_window)
+        self._stream_credit[request_id] = credit
+        try:
+            while True:
+                async with asyncio.timeout(self.handler_deadline):
+                    try:
+                        item = await anext(items)
+                    except StopAsyncIteration:
+                        break
+                    if credit.available <= 0:
+                        self.stream_stalls += 1
+                        await credit.wait()
+                    item.kind, item.request_id = Kind.STREAM, request_id
+                    credit.spend(await self._send(item, reply_compression(item)))
+            async with asyncio.timeout(self.handler_deadline):
+                await self._send(Message(Kind.END, request_id), Compression.NONE)
+        finally:
+            self._stream_credit.pop(request_id, None)
+            close = getattr(items, "aclose", None)
+            if close is not None:
+                with contextlib.suppress(Exception):
+                    await close()
 
     async def _reply_error(self, request_id: int, code: str, text: str) -> None:
-        with contextlib.suppress(ConnectionLost):
-            await self._send(error_message(request_id, code, text), Compression.NONE)
+        with contextlib.suppress(ConnectionLost, RpcError, TimeoutError):
+            async with asyncio.timeout(CONTROL_SEND_TIMEOUT):
+                await self._send(error_message(request_id, code, text), Compression.NONE)
 
     # -- failure ---------------------------------------------------------------------------------
 
@@ -299,6 +479,8 @@ class RpcEndpoint:
             queue.put_nowait(lost)
         for task in list(self._serving.values()):
             task.cancel()
+        self._waiting.clear()
+        self._waiting_ids.clear()
         if self._user_failure is not None:
             self._user_failure(error)
 

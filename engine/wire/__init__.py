@@ -39,10 +39,12 @@ from .messages import (
     Header,
     Kind,
     Message,
+    MessageHead,
     decode_message,
     encode_message,
     encode_message_bytes,
     encoded_size,
+    peek_message,
 )
 from .tensors import SUPPORTED_DTYPES, Compression, TensorMeta, decode_tensor, encode_tensor
 
@@ -61,6 +63,7 @@ __all__ = [
     "LimitExceeded",
     "Limits",
     "Message",
+    "MessageHead",
     "TensorMeta",
     "WireError",
     "decode_message",
@@ -71,6 +74,7 @@ __all__ = [
     "encode_tensor",
     "encoded_size",
     "from_float16",
+    "peek_message",
     "quantize_int8",
     "to_float16",
 ]

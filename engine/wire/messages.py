@@ -35,18 +35,20 @@ import torch
 from .compression import DEFAULT_BLOCK_SIZE
 from .errors import DecodeError, EncodeError, LimitExceeded
 from .limits import DEFAULT_LIMITS, Limits
-from .tensors import Compression, TensorMeta, check_meta, decode_tensor, encode_tensor
+from .tensors import Compression, TensorMeta, check_meta, decode_tensor, decoded_nbytes, encode_tensor
 
 __all__ = [
     "FieldValue",
     "Header",
     "Kind",
     "Message",
+    "MessageHead",
     "Scalar",
     "decode_message",
     "encode_message",
     "encode_message_bytes",
     "encoded_size",
+    "peek_message",
 ]
 
 _PREFIX = struct.Struct("<I")
@@ -62,6 +64,7 @@ class Kind(enum.IntEnum):
     STREAM = 3
     END = 4
     CANCEL = 5
+    CREDIT = 6  # a stream's consumer grants its producer ``fields["bytes"]`` more (engine.p2p.rpc)
 
 
 _KIND_VALUES = frozenset(int(k) for k in Kind)
@@ -223,8 +226,19 @@ def _as_byte_view(data: bytes | bytearray | memoryview) -> memoryview:
     return memoryview(mv.tobytes())  # exotic views (strided, multi-byte items): normalise with one copy
 
 
-def decode_message(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Message:
-    """Decodes untrusted bytes; raises only ``DecodeError``.  Raw tensors alias a writable ``data``."""
+@dataclass(frozen=True)
+class MessageHead:
+    """What a receiver needs to route a message before decoding its tensors: who it is for, and how
+    many bytes its tensors take once decoded (compressed ones grow: int8 to float64 is 8x)."""
+
+    kind: Kind
+    request_id: int
+    method: str
+    decoded_bytes: int
+
+
+def _parse(data: bytes | bytearray | memoryview, limits: Limits) -> tuple[memoryview, Header, int]:
+    """Checks everything but the payloads' contents; returns the view, the header and where payloads start."""
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError(f"expected a bytes-like object, got {type(data).__name__}")
     mv = _as_byte_view(data)
@@ -258,6 +272,25 @@ def decode_message(data: bytes | bytearray | memoryview, limits: Limits = DEFAUL
     claimed = sum(meta.nbytes for meta in header.tensors)
     if claimed != total - body_start:
         raise DecodeError(f"tensor payloads claim {claimed} bytes but {total - body_start} follow the header")
+    return mv, header, body_start
+
+
+def peek_message(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> MessageHead:
+    """Validates ``data`` as :func:`decode_message` does, without decoding any tensor; raises only
+    ``DecodeError``. ``decoded_bytes`` counts every tensor at its decoded size (raw ones may alias
+    the input, or be copied once when misaligned: counted, to be safe)."""
+    _, header, _ = _parse(data, limits)
+    return MessageHead(
+        Kind(header.kind),
+        header.request_id,
+        header.method,
+        sum(decoded_nbytes(meta) for meta in header.tensors),
+    )
+
+
+def decode_message(data: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> Message:
+    """Decodes untrusted bytes; raises only ``DecodeError``.  Raw tensors alias a writable ``data``."""
+    mv, header, body_start = _parse(data, limits)
     fields = {k: _from_wire(v) for k, v in header.fields.items()}
     tensors: list[torch.Tensor] = []
     offset = body_start

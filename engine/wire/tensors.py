@@ -46,6 +46,7 @@ __all__ = [
     "TensorMeta",
     "check_meta",
     "decode_tensor",
+    "decoded_nbytes",
     "encode_tensor",
     "payload_nbytes",
 ]
@@ -182,6 +183,11 @@ def _check_meta(meta: TensorMeta, limits: Limits) -> tuple[torch.dtype, int]:
 def check_meta(meta: TensorMeta, limits: Limits = DEFAULT_LIMITS) -> int:
     """Lets the message decoder validate all metas (and sum sizes) before decoding any payload."""
     return _check_meta(meta, limits)[1]
+
+
+def decoded_nbytes(meta: TensorMeta) -> int:
+    """Bytes the decoded tensor takes (its original dtype), for a meta ``check_meta`` accepted."""
+    return _ITEMSIZE[meta.dtype] * math.prod(meta.shape)
 
 
 def _frombuffer(payload: memoryview, dtype: torch.dtype, count: int) -> torch.Tensor:

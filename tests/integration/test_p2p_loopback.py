@@ -179,7 +179,14 @@ async def test_slow_reader_over_real_aiortc_bounds_both_sides(make_peer: MakePee
     from engine.wire import Limits
 
     window = 8 << 20
-    config = LinkConfig(window=window, max_message_bytes=4 << 20, limits=Limits(max_message_bytes=4 << 20))
+    # One stream may run a whole window ahead here, so the link's own window is what stops it.
+    config = LinkConfig(
+        window=window,
+        max_message_bytes=4 << 20,
+        limits=Limits(max_message_bytes=4 << 20),
+        stream_window=2 * window,
+        memory_budget=window,
+    )
     handlers = Handlers()
 
     async def firehose(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:

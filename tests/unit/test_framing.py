@@ -51,7 +51,8 @@ def test_release_grants_credit_in_batches() -> None:
     [
         ([b""], "empty"),
         ([b"\x07\x00\x00\x00\x00\x00"], "unknown frame type"),
-        ([b"\x00\x04\x01\x00\x00\x00"], "flags"),
+        ([b"\x00\x08\x01\x00\x00\x00"], "flags"),
+        ([b"\x00\x04\x01\x00\x00\x00"], "ABORT frame goes to abort"),
         ([b"\x00\x01\x01\x00\x00\x00"], "total size"),
         ([b"\x00\x00\x09\x00\x00\x00abc"], "unknown message"),
         ([next(data_frames(1, [b"z" * 100], 50)), next(data_frames(1, [b"z" * 100], 50))], "started twice"),

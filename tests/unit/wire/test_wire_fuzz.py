@@ -57,7 +57,7 @@ HOSTILE: list[tuple[str, bytes, type[DecodeError]]] = [
     ("unknown compression", frame(hdr(tensors=[meta(comp=3)]), b"\0" * 8), DecodeError),
     ("int8 bad block", frame(hdr(tensors=[meta(comp=2, nbytes=6, bs=63)]), b"\0" * 6), DecodeError),
     ("compressed int", frame(hdr(tensors=[meta(dtype="int64", comp=1, nbytes=4)]), b"\0" * 4), DecodeError),
-    ("unknown kind", frame(hdr(kind=6)), DecodeError),
+    ("unknown kind", frame(hdr(kind=7)), DecodeError),
     ("negative request id", frame(hdr(rid=-1)), DecodeError),
     ("request id 2**63", frame(hdr(rid=2**63)), DecodeError),
     ("header past end", frame(hdr(), prefix=100), DecodeError),

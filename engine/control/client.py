@@ -40,6 +40,8 @@ class ControlClient:
             ) from e
         if reply.get("ok") is not True:
             await self.close()
+            if reply.get("error") == "busy":
+                raise ControlError("busy", str(reply.get("message", "busy")))
             raise Unauthorized(str(reply.get("message", "refused")))
 
     async def close(self) -> None:

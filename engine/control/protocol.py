@@ -7,7 +7,8 @@ request is ``{"id": n, "cmd": ..., ...args}`` and each reply ``{"id": n, "ok": t
 ``{"id": n, "event": "status", "status": {...}}`` lines until the client hangs up.
 
 The secret lives in the connection file in the user's runtime (else config) folder, created with mode
-0600 (on Windows the folder is already per-user): whoever can read it is the user who started the node.
+0600 in a folder of mode 0700 (a folder found with wider permissions is narrowed; on Windows the folder
+is already per-user): whoever can read it is the user who started the node.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from engine.files import atomic_write
 APP_NAME = "learning-at-home"
 CONNECTION_FILE = "control.json"
 MAX_LINE = 64 * 1024
-AUTH_TIMEOUT_S = 5.0
+AUTH_TIMEOUT_S = 3.0  # the first line (the secret) must arrive by then, or the server hangs up
 
 
 class ControlError(Exception):
@@ -57,6 +58,18 @@ def default_dir() -> Path:
     return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
 
 
+def private_dir(path: Path) -> Path:
+    """Create ``path`` (0700), or narrow it to 0700 if it exists with wider permissions (POSIX)."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if os.name == "posix":
+        info = path.stat()
+        if info.st_uid != os.getuid():
+            raise ControlError("insecure_dir", f"{path} belongs to another user")
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            path.chmod(0o700)
+    return path
+
+
 def data_dir() -> Path:
     """The node's identity, token file, checkpoints and traffic counter (the tray app uses it too)."""
     return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
@@ -79,7 +92,7 @@ class ConnectionInfo:
 
     def write(self, path: Path) -> None:
         """Atomically, and never readable by others for an instant (the temp file is 0600 from creation)."""
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        private_dir(path.parent)
         info = {"host": self.host, "port": self.port, "secret": self.secret, "pid": self.pid}
         atomic_write(path, json.dumps(info).encode(), private=True)
 

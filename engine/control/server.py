@@ -1,4 +1,11 @@
-"""ControlServer: the node's local control socket (localhost TCP, secret-file auth, JSON lines)."""
+"""ControlServer: the node's local control socket (localhost TCP, secret-file auth, JSON lines).
+
+Any local user can open a TCP connection to it, so what an unauthenticated connection may hold is
+bounded: it must send the secret within ``auth_timeout``; at most ``max_unauthenticated`` wait for
+that at once, and a new one evicts the oldest waiting (an honest client sends its secret at once, an
+idle flood only pushes itself out); at most ``max_clients`` authenticated connections are served
+(the tray app uses two). Counters: ``refused`` (wrong secret), ``evicted``, ``timed_out``, ``busy``.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +59,9 @@ class ControlServer:
         port: int = 0,
         follow_interval: float = 0.5,
         heartbeat_s: float = 5.0,
+        auth_timeout: float = AUTH_TIMEOUT_S,
+        max_unauthenticated: int = 8,
+        max_clients: int = 16,
     ) -> None:
         self.controller = controller
         self.path = path or default_connection_path()
@@ -60,9 +70,17 @@ class ControlServer:
         self.follow_interval = follow_interval
         self.heartbeat_s = heartbeat_s
         self.secret = ConnectionInfo.new_secret()
+        self.auth_timeout = auth_timeout
+        self.max_unauthenticated = max_unauthenticated
+        self.max_clients = max_clients
         self.refused = 0
+        self.evicted = 0
+        self.timed_out = 0
+        self.busy = 0
         self._server: asyncio.Server | None = None
         self._conns: set[asyncio.Task[Any]] = set()
+        self._unauthenticated: dict[asyncio.Task[Any], asyncio.StreamWriter] = {}  # oldest first
+        self._clients = 0
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=MAX_LINE)
@@ -87,19 +105,34 @@ class ControlServer:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
+        while len(self._unauthenticated) >= self.max_unauthenticated:
+            oldest = next(iter(self._unauthenticated))
+            self._unauthenticated.pop(oldest).transport.abort()
+            oldest.cancel()
+            self.evicted += 1
+        self._unauthenticated[task] = writer
+        client = False
         try:
-            if await self._authenticate(reader, writer):
+            client = await self._authenticate(reader, writer)
+            self._unauthenticated.pop(task, None)
+            if client:
                 await self._requests(reader, writer)
-        except (ConnectionError, asyncio.IncompleteReadError, ValueError, TimeoutError):
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
+        except TimeoutError:
+            if task in self._unauthenticated:
+                self.timed_out += 1
         finally:
+            self._unauthenticated.pop(task, None)
+            self._clients -= client
             self._conns.discard(task)
             writer.close()
             with contextlib.suppress(Exception):
-                await writer.wait_closed()
+                async with asyncio.timeout(1):
+                    await writer.wait_closed()
 
     async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        async with asyncio.timeout(AUTH_TIMEOUT_S):
+        async with asyncio.timeout(self.auth_timeout):
             line = await reader.readline()
         try:
             given = decode(line).get("auth")
@@ -110,8 +143,18 @@ class ControlServer:
             writer.write(encode({"ok": False, "error": "unauthorized", "message": "wrong or missing secret"}))
             await writer.drain()
             return False
-        writer.write(encode({"ok": True}))
-        await writer.drain()
+        if self._clients >= self.max_clients:
+            self.busy += 1
+            writer.write(encode({"ok": False, "error": "busy", "message": "too many control clients"}))
+            await writer.drain()
+            return False
+        self._clients += 1  # counted from here; _serve gives it back once this returns True
+        try:
+            writer.write(encode({"ok": True}))
+            await writer.drain()
+        except BaseException:
+            self._clients -= 1
+            raise
         return True
 
     async def _requests(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -5,7 +5,9 @@ traffic to that peer (several channels share one SCTP association and move no mo
 second channel buys nothing). Descriptions travel signed through the coordinator; after the DTLS
 handshake the link checks that the certificate the remote presented is the one its signed SDP named.
 
-ICE servers are always passed explicitly: aiortc's default is a public STUN server.
+ICE servers are always passed explicitly: aiortc's default is a public STUN server. Before each
+connection the configured servers are filtered to live ones (:mod:`engine.p2p.ice_servers`), so a dead
+STUN or TURN server costs one short probe, not aioice's 5 s wait on every connection.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from engine.wire import Limits
 from .channel import FramedChannel, RateLimiter, TrafficCounter
 from .descriptions import SignedDescription, sign_description, verify_description
 from .errors import ConnectError, ConnectionLost, PeerMismatch
+from .ice_servers import DEFAULT_PROBE, IceServerProbe
 from .identity import Identity
 from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, Handlers, RpcEndpoint
 from .signaling_protocol import IceServer
@@ -50,16 +53,26 @@ class LinkConfig:
     handler_deadline: float = DEFAULT_HANDLER_DEADLINE  # a handler and its reply (per stream item)
     stream_window: int = DEFAULT_STREAM_WINDOW  # how far a served stream may run ahead of its reader
     close_timeout: float = 5.0
+    ice_probe: IceServerProbe | None = None  # None: the process-wide one (engine.p2p.ice_servers)
     limits: Limits = field(default_factory=lambda: Limits(max_message_bytes=32 << 20))
     upload: RateLimiter | None = None  # shared by every link: the node's upload cap
     download: RateLimiter | None = None
     on_traffic: TrafficCounter | None = None  # (sent, received) bytes, for the monthly data cap
 
-    def rtc_configuration(self) -> RTCConfiguration:
-        servers = [
-            RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in self.ice_servers
-        ]
-        return RTCConfiguration(iceServers=servers)
+    def rtc_configuration(self, servers: Sequence[IceServer] | None = None) -> RTCConfiguration:
+        chosen = self.ice_servers if servers is None else servers
+        return RTCConfiguration(
+            iceServers=[
+                RTCIceServer(urls=s.urls, username=s.username, credential=s.credential) for s in chosen
+            ]
+        )
+
+    async def live_rtc_configuration(self) -> RTCConfiguration:
+        """The configuration with dead STUN/TURN servers left out (probed within a deadline, cached)."""
+        if not self.ice_servers:
+            return self.rtc_configuration()
+        probe = self.ice_probe or DEFAULT_PROBE
+        return self.rtc_configuration(await probe.usable(self.ice_servers))
 
 
 class Link:
@@ -222,7 +235,7 @@ async def dial(
     on_closed: Callable[[Link], None],
 ) -> Link:
     """Offer a connection to ``remote_id``; ``answer`` is resolved by whoever reads signaling."""
-    pc = RTCPeerConnection(config.rtc_configuration())
+    pc = RTCPeerConnection(await config.live_rtc_configuration())
     try:
         async with asyncio.timeout(config.connect_timeout):
             channel = pc.createDataChannel(RPC_LABEL, ordered=True, protocol=RPC_PROTOCOL)
@@ -260,7 +273,7 @@ async def accept(
     fingerprints = verify_description(offer, expected_sender=remote_id, me=identity.peer_id)
     if offer.type != "offer":
         raise PeerMismatch("expected an offer")
-    pc = RTCPeerConnection(config.rtc_configuration())
+    pc = RTCPeerConnection(await config.live_rtc_configuration())
     incoming: asyncio.Future[RTCDataChannel] = asyncio.get_running_loop().create_future()
     early_box: list[EarlyFrames] = []
 

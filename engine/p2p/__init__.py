@@ -8,8 +8,12 @@ Layers, bottom up (each imports only those below it):
 - ``signaling_protocol`` / ``signaling``: the coordinator's WebSocket schema and its client.
 - ``aiortc_patches`` / ``eventloop``: the one place that changes aiortc's behaviour (pinned to its
   version), host candidate pinning, and uvloop where the platform has it.
-- ``framing``: sans-I/O frames and credit window; ``channel``: the same bound to a data channel.
-- ``rpc``: calls, streams, timeouts and cancellation over one channel.
+- ``framing``: sans-I/O frames, credit window and the link's memory budget (``LinkMemory``);
+  ``channel``: the same bound to a data channel.
+- ``rpc``: calls, streams (with their own credit), timeouts on both sides and cancellation over one
+  channel.
+- ``admission``: which inbound offers are answered (caps per peer and in total, replays dropped; pure).
+- ``ice_servers``: the live STUN/TURN servers a new connection gathers from (probed, cached).
 - ``connection``: one verified RTCPeerConnection per remote peer (dial/accept).
 - ``peer``: the node's facade: signaling + a bounded, idle-reaped pool of links + served methods.
 """

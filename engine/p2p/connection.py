@@ -36,7 +36,7 @@ from .signaling_protocol import IceServer
 logger = logging.getLogger(__name__)
 
 RPC_LABEL = "lah-rpc"
-RPC_PROTOCOL = "lah-rpc/1"
+RPC_PROTOCOL = "lah-rpc/2"  # /2: ABORT frames, CREDIT messages (a /1 peer would drop the link)
 FALLBACK_MAX_MESSAGE = 65536  # RFC 8841: assume this when the remote advertises no max-message-size
 
 

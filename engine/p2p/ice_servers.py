@@ -7,7 +7,8 @@ ones behind it. So before a connection is made, every STUN URL and every TURN UR
 (a STUN Binding request; for TURN an unauthenticated Allocate, which any TURN server answers, with a
 401) concurrently, for at most ``deadline`` seconds; aiortc is then given the first live STUN URL and
 only live TURN servers. Results are cached for ``ttl`` seconds (a dead server is probed again after
-``retry_dead``), so only the first connection after a change pays the probe. TURN over TCP or TLS is
+``retry_dead``; a failed connection forgets them all), so a burst of connections pays one probe: one
+round trip while every server answers, ``deadline`` once when one is dead. TURN over TCP or TLS is
 passed through unprobed. Nothing here raises: a server that cannot be resolved or answered is dead.
 """
 
@@ -81,7 +82,7 @@ class IceServerProbe:
     """Caches which servers answer; shared by every connection of a process (one node)."""
 
     deadline: float = DEFAULT_DEADLINE
-    ttl: float = 300.0
+    ttl: float = 10.0
     retry_dead: float = 30.0
     _known: dict[tuple[str, int, bool], tuple[bool, float]] = field(default_factory=dict)
     _probing: dict[tuple[str, int, bool], asyncio.Future[bool]] = field(default_factory=dict)
@@ -109,6 +110,10 @@ class IceServerProbe:
                 )
             return result
         return await asyncio.shield(running)
+
+    def forget(self) -> None:
+        """Probe every server again next time (a connection failed: what answered may be gone)."""
+        self._known.clear()
 
     async def usable(self, servers: Sequence[IceServer]) -> list[IceServer]:
         """The first live STUN URL and the live TURN URLs of ``servers`` (TCP/TLS TURN as given)."""

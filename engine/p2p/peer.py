@@ -33,6 +33,7 @@ from .aioice_patches import recent_turn_failures
 from .connection import Link, LinkConfig, accept, close_quietly, dial
 from .descriptions import SignedDescription, new_session_id, verify_description
 from .errors import ConnectError, P2PError, PeerMismatch
+from .ice_servers import DEFAULT_PROBE
 from .identity import Identity
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
 from .signaling import SignalingClient, TokenProvider, unreachable
@@ -178,6 +179,7 @@ class Peer:
                 self.identity, peer_id, self.config, self.handlers, send, answer, session, self._forget
             )
         except ConnectError as e:
+            (self._base_config.ice_probe or DEFAULT_PROBE).forget()  # what answered may be gone
             turn = recent_turn_failures(started)
             if not turn:
                 raise

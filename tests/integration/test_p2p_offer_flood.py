@@ -10,6 +10,7 @@ import re
 from aiortc import RTCPeerConnection
 
 from engine.p2p import LinkConfig
+from engine.p2p.connection import RPC_LABEL, RPC_PROTOCOL
 from engine.p2p.descriptions import new_session_id, sign_description
 from tests.integration.conftest import MakePeer
 from tests.integration.test_p2p_loopback import echo_handlers
@@ -18,7 +19,7 @@ from tests.integration.test_p2p_loopback import echo_handlers
 async def real_offer_sdp() -> str:
     pc = RTCPeerConnection()
     try:
-        pc.createDataChannel("lah-rpc", protocol="lah-rpc/1")
+        pc.createDataChannel(RPC_LABEL, protocol=RPC_PROTOCOL)
         await pc.setLocalDescription(await pc.createOffer())
         return str(pc.localDescription.sdp)
     finally:

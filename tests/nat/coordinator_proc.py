@@ -23,6 +23,7 @@ async def main() -> None:
     parser.add_argument("--host", required=True)
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--turn", help="HOST:PORT of coturn (STUN and TURN); none: no ICE servers")
+    parser.add_argument("--stun", action="append", default=[], help="HOST:PORT of a further STUN server")
     parser.add_argument("--secret", default="")
     parser.add_argument("--ttl", type=int, default=600)
     args = parser.parse_args()
@@ -30,7 +31,7 @@ async def main() -> None:
     ice: list[IceServer] = []
     turn = None
     if args.turn:
-        ice = [IceServer(urls=[f"stun:{args.turn}"])]
+        ice = [IceServer(urls=[f"stun:{args.turn}", *(f"stun:{s}" for s in args.stun)])]
         turn = TurnConfig(urls=(f"turn:{args.turn}?transport=udp",), secret=args.secret, ttl_s=args.ttl)
     running = await start(args.host, args.port, ice_servers=ice, turn=turn)
     print(json.dumps({"event": "ready", "url": running.signaling_url}), flush=True)

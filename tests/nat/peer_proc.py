@@ -13,7 +13,7 @@ Commands run concurrently (a call may be in flight while another command runs):
 - ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T}``
   -> a plain TCP stream between the same namespaces, for comparison (``MBps``)
 - ``{"cmd":"links"}`` -> every link: remote, usable, state, types; ``{"cmd":"ice"}`` -> ICE servers in use
-- ``{"cmd":"drop_links"}`` closes every link (the next call dials again)
+- ``{"cmd":"drop_links"}`` closes every link (the next call dials again, probing ICE servers afresh)
 - ``{"cmd":"host","uids":[...],"dim":D,"hidden":H}`` hosts ffn experts (an ExpertServer on this Peer)
 - ``{"cmd":"train","hosts":{uid: peer},"steps":N,"dim":D,"hidden":H,"timeout":T}`` trains the digits
   DMoE through those hosts -> ``accuracy``, ``steps``, ``skipped``, ``max_step_s``, ``requests``
@@ -37,6 +37,7 @@ from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer
 from engine.p2p.aiortc_patches import pin_host_addresses
 from engine.p2p.connection import close_quietly
 from engine.p2p.eventloop import run
+from engine.p2p.ice_servers import DEFAULT_PROBE
 from engine.p2p.ice_stats import selected_addresses, selected_candidate_types
 from engine.wire import Kind, Message
 
@@ -263,6 +264,7 @@ class Node:
             links = list(self.peer.links.values())
             self.peer.links.clear()
             await asyncio.gather(*(close_quietly(link) for link in links))
+            DEFAULT_PROBE.forget()  # fresh links, and ICE servers probed afresh (a test may stop one)
             return {"ok": True, "dropped": len(links)}
         return {"ok": False, "error": f"unknown command {name!r}"}
 

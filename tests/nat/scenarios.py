@@ -35,6 +35,7 @@ def standard_testbed(connect_timeout: float = 10.0, **kwargs: Any) -> Iterator[T
         home, public = standard_nodes()
         tb.build_network(home, public)
         tb.start_coturn()
+        tb.start_stun()
         tb.start_coordinator()
         tb.start_peers(connect_timeout=connect_timeout)
         yield tb

@@ -52,6 +52,7 @@ PYTHON = sys.executable
 INET_ADDR = "100.64.0.1"
 COORD_PORT = 8765
 TURN_PORT = 3478
+STUN_PORT = 3479  # a second STUN server (tests/nat/stun_proc.py), listed after coturn
 NAT_KINDS = ("full_cone", "port_restricted", "symmetric")
 KINDS = ("public", *NAT_KINDS)
 _NS_RE = re.compile(r"^lahnat(\d+)-")
@@ -234,6 +235,7 @@ class Testbed:
     nodes: dict[str, Node] = field(default_factory=dict)
     coordinator: Proc | None = None
     coturn: subprocess.Popen[bytes] | None = None
+    stun: Proc | None = None
     delays: list[tuple[str, str, Proc]] = field(default_factory=list)
     log_dir: Path = field(default_factory=lambda: Path(f"/tmp/lahnat-{os.getpid()}"))
 
@@ -413,12 +415,19 @@ class Testbed:
         text = log.read_text()[-2000:] if log.exists() else ""
         raise RuntimeError(f"coturn did not listen on udp {port} within {timeout} s:\n{text}")
 
+    def start_stun(self) -> None:
+        args = [PYTHON, "-m", "tests.nat.stun_proc", "--host", INET_ADDR, "--port", str(STUN_PORT)]
+        self.stun = Proc("stun", self.inet, args, self.log_dir)
+        self.stun.event(timeout=30)  # {"event": "ready"}
+
     def start_coordinator(
         self, *, turn: bool = True, secret: str | None = None, ttl_s: int | None = None
     ) -> None:
         args = [PYTHON, "-m", "tests.nat.coordinator_proc", "--host", INET_ADDR, "--port", str(COORD_PORT)]
         if turn:
             args += ["--turn", f"{INET_ADDR}:{TURN_PORT}", "--secret", secret or self.secret]
+            if self.stun is not None:
+                args += ["--stun", f"{INET_ADDR}:{STUN_PORT}"]
             args += ["--ttl", str(self.turn_ttl_s if ttl_s is None else ttl_s)]
         self.coordinator = Proc("coordinator", self.inet, args, self.log_dir)
         self.coordinator.event(timeout=30)  # {"event": "ready"}
@@ -517,6 +526,10 @@ class Testbed:
             self.stop_coordinator()
         with contextlib.suppress(Exception):
             self.stop_coturn()
+        if self.stun is not None:
+            with contextlib.suppress(Exception):
+                self.stun.stop()
+            self.stun = None
         for ns in reversed(self.namespaces):
             # kill anything still running in the namespace, then delete it (its veths go with it)
             for pid in sh("ip", "netns", "pids", ns, check=False).split():

@@ -366,6 +366,8 @@ class RpcEndpoint:
             self._waiting.popleft()
             request_id = waiting.head.request_id
             self._waiting_ids.discard(request_id)
+            # Consumed now, not when the task first runs: a CANCEL may cancel it before that.
+            self.channel.release(waiting.size)
             task = asyncio.ensure_future(self._run_handler(waiting))
             self._serving[request_id] = task
             task.add_done_callback(functools.partial(self._handler_done, request_id, charged))
@@ -390,7 +392,6 @@ class RpcEndpoint:
 
     async def _run_handler(self, waiting: _Waiting) -> None:
         request_id, method = waiting.head.request_id, waiting.head.method
-        self.channel.release(waiting.size)
         try:
             msg = self._decode(waiting.buffer)
         except ConnectionLost:

@@ -142,3 +142,19 @@ def test_peek_counts_decoded_bytes_without_decoding() -> None:
     assert (head.kind, head.request_id, head.method) == (Kind.REQUEST, 7, "m")
     assert head.decoded_bytes == 8000 + 80
     assert len(raw) < 2000
+
+
+async def test_a_request_cancelled_before_its_handler_runs_gives_its_credit_back() -> None:
+    a, b = channel_pair(max_message_size=16384)
+    gate, started = asyncio.Event(), []
+    client = endpoint(a, Handlers(), "c")
+    server = endpoint(b, handlers(gate, started), "s")
+    # Both arrive in one delivery turn: the handler's task exists but has not run when CANCEL lands.
+    await client._send(Message(Kind.REQUEST, 1, "slow", {}, [torch.zeros(1000)]), Compression.NONE)
+    await client._send(Message(Kind.CANCEL, 1), Compression.NONE)
+    async with asyncio.timeout(5):
+        while server.busy or server.channel.deframer.received < 4000:
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    assert started == []
+    assert server.channel.deframer.held == 0 and server.memory.used == 0

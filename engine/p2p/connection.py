@@ -49,7 +49,8 @@ class LinkConfig:
     high_water: int = 1 << 20
     max_concurrent: int = 64
     max_queued: int = 1024  # requests waiting for a handler slot; more is a protocol error
-    memory_budget: int = 96 << 20  # received data a link may hold, decoded tensors included
+    memory_budget: int | None = None  # received data a link may hold, decoded tensors included
+    # (None: 1.5 windows, i.e. 96 MiB by default)
     handler_deadline: float = DEFAULT_HANDLER_DEADLINE  # a handler and its reply (per stream item)
     stream_window: int = DEFAULT_STREAM_WINDOW  # how far a served stream may run ahead of its reader
     close_timeout: float = 5.0
@@ -112,7 +113,7 @@ class Link:
                 upload=config.upload,
                 download=config.download,
                 on_traffic=config.on_traffic,
-                memory_budget=config.memory_budget,
+                memory_budget=config.memory_budget or config.window + config.window // 2,
             )
 
         self.rpc = RpcEndpoint(

@@ -254,8 +254,9 @@ class RpcEndpoint:
                     finished = True
                     raise_remote(msg)
                 consumed += size
-                if consumed >= self.stream_window // 4:
-                    # Below the producer's window, so it never waits on credit we are sitting on.
+                if consumed >= self.stream_window // 4 or queue.empty():
+                    # In batches while items are queued; at once when we have caught up, so a producer
+                    # whose window is smaller than our batch never waits on credit we are sitting on.
                     self._send_control(Message(Kind.CREDIT, request_id, fields={"bytes": consumed}))
                     consumed = 0
                 yield msg

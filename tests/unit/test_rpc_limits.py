@@ -158,3 +158,12 @@ async def test_a_request_cancelled_before_its_handler_runs_gives_its_credit_back
     await asyncio.sleep(0.05)
     assert started == []
     assert server.channel.deframer.held == 0 and server.memory.used == 0
+
+
+async def test_a_reader_with_a_larger_stream_window_than_its_producer_does_not_stall_it() -> None:
+    a, b = channel_pair(max_message_size=16384)
+    client = endpoint(a, Handlers(), "c", stream_window=WINDOW)  # batches of 1 MiB
+    server = endpoint(b, handlers(asyncio.Event(), []), "s", stream_window=300 << 10, handler_deadline=5)
+    got = [m.fields["i"] async for m in client.stream("items", {"n": 10}, timeout=10)]
+    assert got == list(range(10))
+    assert server.handler_timeouts == 0 and server.stream_stalls >= 1

@@ -21,7 +21,10 @@ tensors (``LinkMemory.try_charge``), which stay charged until the handler ends.
 
 Streams have their own flow control on top of the link's: the producer may run ``stream_window``
 bytes ahead of what the consumer has taken, and the consumer grants more with CREDIT messages as it
-reads, so one stalled consumer holds at most that much of the link's window, not all of it.
+reads, so one stalled consumer holds at most that much of the link's window, not all of it. Each item
+counts ``ITEM_OVERHEAD`` bytes more than its size, so an honest producer of tiny items queues at most
+``stream_window / ITEM_OVERHEAD`` of them; a producer that queues more than ``max_stream_items`` on
+one stream ignores its credit, and the link is dropped.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_HANDLER_DEADLINE = 60.0
 DEFAULT_STREAM_WINDOW = 4 << 20
 CONTROL_SEND_TIMEOUT = 5.0
+ITEM_OVERHEAD = 64  # stream credit per item beyond its bytes: what holding one costs (queue, objects)
 UnaryHandler = Callable[[Message, "CallContext"], Awaitable[Message]]
 StreamHandler = Callable[[Message, "CallContext"], AsyncIterator[Message]]
 CompressionArg = Compression | Sequence[Compression]
@@ -149,6 +153,7 @@ class RpcEndpoint:
         max_queued: int = 1024,
         handler_deadline: float = DEFAULT_HANDLER_DEADLINE,
         stream_window: int = DEFAULT_STREAM_WINDOW,
+        max_stream_items: int = 1 << 17,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.handlers = handlers
@@ -158,6 +163,7 @@ class RpcEndpoint:
         self.max_queued = max_queued
         self.handler_deadline = handler_deadline
         self.stream_window = stream_window
+        self.max_stream_items = max_stream_items
         self.channel = channel_factory(self._on_message)
         self.memory = self.channel.memory
         self._user_failure = on_failure
@@ -253,7 +259,7 @@ class RpcEndpoint:
                 if msg.kind == Kind.ERROR:
                     finished = True
                     raise_remote(msg)
-                consumed += size
+                consumed += size + ITEM_OVERHEAD
                 if consumed >= self.stream_window // 4 or queue.empty():
                     # In batches while items are queued; at once when we have caught up, so a producer
                     # whose window is smaller than our batch never waits on credit we are sitting on.
@@ -324,7 +330,12 @@ class RpcEndpoint:
                 if not future.done():
                     future.set_result(msg)
         elif kind in (Kind.STREAM, Kind.END, Kind.ERROR) and request_id in self._streams:
-            self._streams[request_id].put_nowait((buffer, size))  # decoded when the consumer takes it
+            queue = self._streams[request_id]
+            if queue.qsize() >= self.max_stream_items:
+                self.channel.release(size)
+                self.channel.fail(ProtocolError(f"stream {request_id} overran its credit with tiny items"))
+                return
+            queue.put_nowait((buffer, size))  # decoded when the consumer takes it
         elif kind == Kind.CANCEL:
             self.channel.release(size)
             self._cancel_served(request_id)
@@ -448,7 +459,7 @@ class RpcEndpoint:
                         self.stream_stalls += 1
                         await credit.wait()
                     item.kind, item.request_id = Kind.STREAM, request_id
-                    credit.spend(await self._send(item, reply_compression(item)))
+                    credit.spend(await self._send(item, reply_compression(item)) + ITEM_OVERHEAD)
             async with asyncio.timeout(self.handler_deadline):
                 await self._send(Message(Kind.END, request_id), Compression.NONE)
         finally:

@@ -167,3 +167,33 @@ async def test_a_reader_with_a_larger_stream_window_than_its_producer_does_not_s
     got = [m.fields["i"] async for m in client.stream("items", {"n": 10}, timeout=10)]
     assert got == list(range(10))
     assert server.handler_timeouts == 0 and server.stream_stalls >= 1
+
+
+async def test_a_producer_flooding_tiny_items_past_its_credit_drops_the_link() -> None:
+    """Bytes alone would let 64 MiB of 20-byte items queue millions of objects: items are counted too."""
+    a, b = channel_pair(max_message_size=16384)
+    client = endpoint(a, Handlers(), "c", max_stream_items=50)
+    quiet = Handlers()
+
+    async def hang(msg: Message, ctx: CallContext) -> AsyncIterator[Message]:
+        await asyncio.sleep(60)
+        yield msg
+
+    quiet.add_stream("hang", hang)
+    server = endpoint(b, quiet, "s")
+    stream = client.stream("hang", timeout=10)
+    first = asyncio.ensure_future(anext(stream))
+    async with asyncio.timeout(5):
+        while not client._streams:
+            await asyncio.sleep(0.001)
+    (request_id,) = client._streams
+    for i in range(60):  # a hostile producer ignoring its credit: items nobody reads
+        await server._send(Message(Kind.STREAM, request_id, fields={"i": i}), Compression.NONE)
+    async with asyncio.timeout(5):
+        while client.channel.error is None:
+            await asyncio.sleep(0.01)
+    assert "overran its credit" in str(client.channel.error)
+    assert (await first).fields["i"] == 0
+    with pytest.raises(ConnectionLost):  # after what had queued (at most 50 items)
+        async for _ in stream:
+            pass

@@ -119,7 +119,9 @@ async def test_a_client_that_stops_granting_credit_frees_the_handler_slot(make_p
         max_message_bytes=4 << 20,
         limits=Limits(max_message_bytes=4 << 20),
     )
-    server = await make_peer(handlers, config=replace(small, handler_deadline=2.0, max_concurrent=2))
+    server = await make_peer(
+        handlers, config=replace(small, handler_deadline=2.0, max_concurrent=2), idle_timeout=3.0
+    )
     client = await make_peer(config=small)
     await client.connect(server.peer_id)
     client_link = client.links[server.peer_id]
@@ -132,6 +134,8 @@ async def test_a_client_that_stops_granting_credit_frees_the_handler_slot(make_p
     await wait_for(lambda: not served.busy, timeout=30)
     assert served.rpc.channel.aborts_sent >= 1  # the half-sent reply was given up, not left dangling
     await wait_for(lambda: client_link.rpc.channel.deframer.partial_count == 0)
+    # No longer busy, the link is reaped once idle like any other.
+    await wait_for(lambda: client.peer_id not in server.links, timeout=30)
     for call in calls:
         call.cancel()
     await asyncio.gather(*calls, return_exceptions=True)

@@ -58,11 +58,11 @@ async def test_pause_resume_and_limits_through_the_control_api(
         assert (await call_forward(peer, v.peer_id, uid)).shape == (2, 16)
 
         async with ControlClient(control.path) as client:
-            t0 = time.monotonic()
+            # The reply comes once the gate is closed: the very next call is refused. How fast that is
+            # belongs to benchmarks/yield_latency.py, not to a timed assertion on a shared CI machine.
             status = await client.pause()
             with pytest.raises(RemoteError) as refused:
                 await call_forward(peer, v.peer_id, uid)
-            assert time.monotonic() - t0 < 1.0
             assert refused.value.code == UNAVAILABLE
             assert status["state"] == "paused" and status["accepting"] is False
             assert status["reason"]

@@ -225,7 +225,14 @@ class AppController(QObject):
             done(None)
 
         self.bridge.submit(
-            register(consent.coordinator_url, consent.display_name, consent.team, self.paths.data), finished
+            register(
+                consent.coordinator_url,
+                consent.display_name,
+                consent.team,
+                self.paths.data,
+                invite=consent.invite,
+            ),
+            finished,
         )
 
     def _on_wizard_finished(self, accepted: int) -> None:

@@ -69,14 +69,16 @@ def store_token(credentials: Credentials, coordinator_url: str, data_dir: Path) 
 
 
 async def register(
-    coordinator_url: str, name: str, team: str, data_dir: Path, *, timeout: float = 15.0
+    coordinator_url: str, name: str, team: str, data_dir: Path, *, invite: str = "", timeout: float = 15.0
 ) -> tuple[Credentials, TokenPlace]:
-    """Create the account and keep its token. Raises RegistrationError with a sentence for the volunteer."""
+    """Create the account and keep its token. Raises RegistrationError with a sentence for the volunteer.
+
+    ``invite``: the invitation code, where the project admits only the names it invited."""
     from engine.node.coordinator_api import CoordinatorApi  # aiohttp: loaded for the first run only
 
     api = CoordinatorApi(token_key(coordinator_url), timeout=timeout)
     try:
-        credentials = await api.register(name, team or None)
+        credentials = await api.register(name, team or None, invite or None)
     except CoordinatorUnreachable as e:
         raise RegistrationError(
             f"The project's server at {coordinator_url} cannot be reached ({e}). Check the internet "
@@ -86,6 +88,11 @@ async def register(
     except CoordinatorError as e:
         if e.status == 409:
             message = f"The name '{name}' is already taken. Please choose another one."
+        elif e.code == "invite_invalid":
+            message = (
+                f"This project admits only the people it invited, and it has no open invitation for "
+                f"'{name}' with that code. Check the name and the invitation code it sent you."
+            )
         else:
             message = f"The project's server refused the registration: {e.message}"
         raise RegistrationError(message, unreachable=False) from e

@@ -53,6 +53,7 @@ class Consent:
     team: str
     coordinator_url: str
     autostart: bool
+    invite: str = ""  # the invitation code, where the project admits only invited names
 
 
 # register(consent, done) starts the registration off the GUI thread; done(error_text or None) on it.
@@ -99,12 +100,16 @@ class AccountPage(QWizardPage):
         self.name = QLineEdit(name, self, maxLength=MAX_NAME, placeholderText="e.g. Ada or a nickname")
         self.team = QLineEdit(team, self, maxLength=MAX_NAME, placeholderText="optional")
         self.url = QLineEdit(coordinator_url, self)
+        self.invite = QLineEdit(
+            "", self, maxLength=128, placeholderText="only if the project sent you one"
+        )
         self.autostart = QCheckBox("Start Learning@home when I log in", self)
         self.autostart.setChecked(True)
         for widget, label in (
             (self.name, "Display name"),
             (self.team, "Team"),
             (self.url, "Project server"),
+            (self.invite, "Invitation code"),
         ):
             widget.setAccessibleName(label)
             widget.textChanged.connect(lambda _text: self.completeChanged.emit())
@@ -113,6 +118,7 @@ class AccountPage(QWizardPage):
         form.addRow("&Team:", self.team)
         form.addRow("Project &server:", self.url)
         form.addRow("", self.url_error)
+        form.addRow("&Invitation code:", self.invite)
         form.addRow(self.autostart)
         where = QLabel(f"Your account's key will be kept in {token_place}.", self, wordWrap=True)
         where.setObjectName("tokenPlace")
@@ -176,6 +182,7 @@ class ConsentWizard(QWizard):
             team=self.account.team.text().strip(),
             coordinator_url=self.account.url.text().strip().rstrip("/"),
             autostart=self.account.autostart.isChecked(),
+            invite=self.account.invite.text().strip(),
         )
 
     def _on_page(self, _page_id: int) -> None:

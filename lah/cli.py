@@ -44,6 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     node.add_argument("--data-dir", type=Path, help="identity, checkpoints (default: user data dir)")
     node.add_argument("--settings", type=Path, help="settings TOML (default: user config dir)")
     node.add_argument("--token-file", type=Path, help="keep the token in this 0600 file, not the keyring")
+    node.add_argument("--invite", help="the invitation code, where the project admits only invited names")
     status = sub.add_parser("status", help="show the running node's status")
     status.add_argument("-f", "--follow", action="store_true", help="keep printing updates")
     sub.add_parser("pause", help="pause the running node")
@@ -126,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 data=args.data_dir,
                 settings_file=args.settings,
                 token_file=args.token_file,
+                invite=args.invite,
             )
         )
     elif args.command in ("status", "pause", "resume", "snooze"):

@@ -52,6 +52,7 @@ async def run_node(
     data: Path | None = None,
     settings_file: Path | None = None,
     token_file: Path | None = None,
+    invite: str | None = None,
 ) -> int:
     data = data or data_dir()
     lock = InstanceLock(default_dir() / "node.lock")
@@ -90,6 +91,7 @@ async def run_node(
                 data,
                 account_name=name,
                 team=team,
+                invite=invite,
                 sensors=sensors,
                 link_config=link_config,
             )

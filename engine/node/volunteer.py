@@ -58,6 +58,7 @@ class Volunteer:
         device: torch.device | str | None = None,
         account_name: str | None = None,
         team: str | None = None,
+        invite: str | None = None,
         sensors: SensorSource | None = None,
         governor_options: dict[str, Any] | None = None,
         link_config: LinkConfig | None = None,
@@ -79,6 +80,7 @@ class Volunteer:
         self.device = torch.device(device) if device is not None else _device_for(settings)
         self.account_name = account_name
         self.team = team
+        self.invite = invite
         # With sensors, a Governor decides when this node works; the node is its WorkHooks.
         self.governor: Governor | None = None
         if sensors is not None:
@@ -256,7 +258,7 @@ class Volunteer:
         creds = Credentials.loads(stored) if stored else None
         if creds is None:
             name = self.account_name or f"volunteer-{self.peer_id[:8]}"
-            creds = await self.api.register(name, self.team)
+            creds = await self.api.register(name, self.team, self.invite)
             self.token_store.set(self.token_key, creds.dumps())
             logger.info("registered account %s (id %d)", name, creds.account_id)
         elif creds.expires_at - time.time() < self.refresh_margin_s:

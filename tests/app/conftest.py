@@ -11,7 +11,9 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes the QApplication
@@ -50,7 +52,7 @@ def app_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
-def start_coordinator(tmp_path: Path, port: int = 0) -> Coordinator:
+def start_coordinator(tmp_path: Path, port: int = 0, **overrides: Any) -> Coordinator:
     tmp_path.mkdir(parents=True, exist_ok=True)
     loop = LoopThread("test-coordinator")
     config = CoordinatorConfig(
@@ -60,6 +62,7 @@ def start_coordinator(tmp_path: Path, port: int = 0) -> Coordinator:
         experiments=[EXP],
         verify_workers=0,
     )
+    config = msgspec.structs.replace(config, **overrides)
     return Coordinator(loop.run(start_full(config), 30), loop)
 
 

@@ -93,3 +93,42 @@ def test_consent_then_contributing_pause_resume_limits_and_quit(
     assert c.supervisor.last_exit == (0, "normal")  # shut down through the control API, not killed
     node_log = (AppPaths.default().logs / "node.log").read_text()
     assert "control at" in node_log
+
+
+def test_an_invited_volunteer_joins_with_the_code_and_a_wrong_code_is_said_plainly(
+    qtbot: Any,
+    app_env: Path,
+    tmp_path: Path,
+    make_controller: Callable[..., AppController],
+    wait_until: Callable[..., None],
+) -> None:
+    """A project that admits only invited names: the code goes on the account page; a wrong one is named
+    and nothing is saved, the right one registers."""
+    from .conftest import start_coordinator
+
+    coordinator = start_coordinator(tmp_path / "invite-only", allowlist_mode=True)
+    try:
+        code, _ = coordinator.loop.run(coordinator.running.services.accounts.invite("Ivy", by=None), 15)
+        c = make_controller(coordinator=coordinator.url, use_tray=False)
+        c.start()
+        go_through_wizard(qtbot, c, "Ivy")
+        assert c.wizard is not None
+        c.wizard.back()
+        assert c.wizard.currentPage() is c.wizard.account
+        qtbot.keyClicks(c.wizard.account.invite, "not-the-code")
+        c.wizard.next()
+        finish = c.wizard.button(QWizard.WizardButton.FinishButton)
+        qtbot.mouseClick(finish, Qt.MouseButton.LeftButton)
+        progress = c.wizard.confirm.progress
+        wait_until(lambda: "invitation code" in progress.text(), 20, "the refusal to be shown")
+        assert "admits only the people it invited" in progress.text()
+        assert not c.config.consented and not c.paths.config.exists() and c.supervisor is None
+        c.wizard.back()
+        c.wizard.account.invite.setText(code)
+        c.wizard.next()
+        qtbot.mouseClick(finish, Qt.MouseButton.LeftButton)
+        wait_until(lambda: c.config.consented, 20, "registration with the code")
+        assert c.config.display_name == "Ivy" and c.config.account_id > 0
+    finally:
+        coordinator.stop()
+        coordinator.loop.close()

@@ -14,7 +14,15 @@ The coordinator's HTTP API is the engine's one client of it, ``engine.node.coord
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split
 from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
 from .spot_check import SpotChecker
-from .trainer import Trainer, TrainerConfig, TrainerNode, TrainStats, local_model, remote_model
+from .trainer import (
+    Trainer,
+    TrainerConfig,
+    TrainerNode,
+    TrainStats,
+    dense_digest,
+    local_model,
+    remote_model,
+)
 
 __all__ = [
     "Digits",
@@ -27,6 +35,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerNode",
     "Work",
+    "dense_digest",
     "load_digits_split",
     "local_model",
     "remote_model",

@@ -196,7 +196,7 @@ def run_demo(
             node = nodes[0]
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
             seen = loop.run(_wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
-            say(f"trainer ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
+            say(f"{node.name} ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
 
             data = load_digits_split(seed=cfg.seed)
             team: list[Trainer] = []

@@ -5,7 +5,8 @@
     model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
-    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side)
+    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side);
+                         with target_batch_size, the dense part steps with other trainers (engine.collab)
 
 The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
 (its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``).

@@ -335,10 +335,10 @@ class TrainerNode:
     async def collaborate(self, model: nn.Module) -> CollaborativeOptimizer:
         """Adam over ``model``'s dense parameters, stepping with the experiment's other trainers
         (the run ``<experiment>.dense``); takes the collaboration's state if it is under way."""
-        assert self.peer is not None and self.dht is not None, "start() first"
         cfg = self.config
         if cfg.target_batch_size <= 0:
             raise ValueError("collaborative training needs target_batch_size > 0")
+        assert self.peer is not None and self.dht is not None, "start() first"
         collab_config = CollabConfig(
             run=f"{cfg.uid_prefix}.dense",
             target_batch_size=cfg.target_batch_size,

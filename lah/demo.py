@@ -342,7 +342,12 @@ def _train_together(team: list[Trainer], epochs: int, steps: int, progress: bool
             pool.submit(t.train_epochs, epochs, progress=progress and i == 0, max_batches=20 * steps)
             for i, t in enumerate(team)
         ]
-        return next(f.result() for f in futures)
+        try:
+            return next(f.result() for f in futures)
+        except BaseException:  # Ctrl+C, or one trainer failed: the others stop after their batch
+            for t in team:
+                t.stop()
+            raise
 
 
 def _served(nodes: list[TrainerNode]) -> Counter[str]:

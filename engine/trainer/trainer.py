@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -166,6 +167,7 @@ class Trainer:
             collab.optimizer if collab is not None else torch.optim.Adam(model.parameters(), lr=config.lr)
         )
         self.stats = TrainStats()
+        self._stop = threading.Event()
         self._gen = torch.Generator().manual_seed(config.seed if data_seed is None else data_seed)
         self._order = torch.empty(0, dtype=torch.long)
 
@@ -242,7 +244,11 @@ class Trainer:
         assert self.collab is not None, "train_epochs is for a collaborative trainer"
         bar = tqdm(total=epochs, desc="collaborating", unit="epoch", disable=not progress, leave=True)
         batches = 0
-        while self.collab.epoch < epochs and (max_batches is None or batches < max_batches):
+        while (
+            self.collab.epoch < epochs
+            and (max_batches is None or batches < max_batches)
+            and not self._stop.is_set()
+        ):
             loss = self.step()
             batches += 1
             bar.update(min(self.collab.epoch, epochs) - bar.n)
@@ -250,6 +256,10 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.3f}", batches=batches)
         bar.close()
         return self.stats
+
+    def stop(self) -> None:
+        """Ask :meth:`train_epochs`, from another thread, to return after the current batch."""
+        self._stop.set()
 
     @torch.no_grad()
     def evaluate(self, batch_size: int = 512, *, progress: bool = False) -> float:

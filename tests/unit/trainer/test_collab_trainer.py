@@ -4,6 +4,7 @@ import asyncio
 
 import pytest
 import torch
+from torch import nn
 
 from engine.collab import CollabConfig, CollaborativeOptimizer
 from engine.dht import DHTNode
@@ -23,14 +24,17 @@ from lah.cli import main
 from lah.demo import run_demo
 
 
+def unstarted_collab(model: nn.Module) -> CollaborativeOptimizer:
+    peer = Peer(Identity.generate(), "ws://127.0.0.1:9/ws/signal")  # never started: nothing is sent
+    dht = DHTNode(PeerTransport(peer), signer=peer.identity)
+    optimizer = torch.optim.Adam(model.parameters())
+    return CollaborativeOptimizer(model, optimizer, peer, dht, CollabConfig("ffn.dense", 128))
+
+
 def test_a_collaborative_trainer_needs_the_loop_its_collaboration_runs_on() -> None:
     config = TrainerConfig(target_batch_size=128)
     model = local_model(config)
-    peer = Peer(Identity.generate(), "ws://127.0.0.1:9/ws/signal")  # never started: nothing is sent
-    dht = DHTNode(PeerTransport(peer), signer=peer.identity)
-    collab = CollaborativeOptimizer(
-        model, torch.optim.Adam(model.parameters()), peer, dht, CollabConfig("ffn.dense", 128)
-    )
+    collab = unstarted_collab(model)
     with pytest.raises(ValueError, match="loop"):
         Trainer(model, load_digits_split(), config, collab=collab)
 
@@ -75,3 +79,17 @@ def test_samples_per_second_counts_the_time_spent_collaborating() -> None:
     stats = TrainStats(samples=100, elapsed_s=1.0, collab_s=3.0)
     assert stats.samples_per_s == 25.0
     assert TrainStats().samples_per_s == 0.0
+
+
+def test_a_stopped_collaborative_trainer_returns_before_its_first_batch() -> None:
+    config = TrainerConfig(target_batch_size=128)
+    model = local_model(config)
+    collab = unstarted_collab(model)
+    loop = LoopThread("test-loop")
+    try:
+        trainer = Trainer(model, load_digits_split(), config, collab=collab, loop=loop)
+        trainer.stop()
+        stats = trainer.train_epochs(5, progress=False)
+        assert stats.steps == 0 and stats.epoch == 0
+    finally:
+        loop.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -21,6 +21,9 @@ class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     hyperparams: dict[str, float | int | str] = {}
     replication: int = 2  # every expert hosted by at least this many hosts
     expert_cost: float = 1.0  # credit per sample served (forward; backward counts double)
+    # Trainers of this experiment train the dense part together (engine.collab), stepping once the
+    # collaboration has processed this many samples; 0: each trainer trains alone.
+    target_batch_size: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class TurnSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -55,6 +55,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     dmoe.add_argument("--volunteers", type=int, default=4, help="volunteer nodes hosting experts")
     dmoe.add_argument("--steps", type=int, default=150, help="training steps of 64 samples")
     dmoe.add_argument(
+        "--trainers",
+        type=int,
+        default=1,
+        help="trainers training the dense part together (collaborative steps; default 1: alone)",
+    )
+    dmoe.add_argument(
+        "--target-batch-size",
+        type=int,
+        default=0,
+        help="samples per collaborative step (default with --trainers N>1: 2 batches per trainer)",
+    )
+    dmoe.add_argument(
         "--linger",
         type=float,
         help="seconds to keep the coordinator up after training (default: until Ctrl+C)",
@@ -98,9 +110,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
 
-        config = TrainerConfig(wire=args.wire)
+        if args.trainers < 1 or args.target_batch_size < 0:
+            parser.error("--trainers must be at least 1 and --target-batch-size not negative")
+        config = TrainerConfig(wire=args.wire, target_batch_size=args.target_batch_size)
         run_demo(
-            volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app, config=config
+            volunteers=args.volunteers,
+            steps=args.steps,
+            linger=args.linger,
+            app=args.app,
+            config=config,
+            trainers=args.trainers,
         )
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator

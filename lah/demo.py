@@ -8,6 +8,12 @@ trains on sklearn's bundled digits. The trainer signs receipts for every answere
 demo prints test accuracy, requests served per host, the credit the coordinator recorded and the
 leaderboard URL, and keeps the coordinator up for ``linger`` seconds (``None``: until Ctrl+C).
 
+With ``trainers`` > 1 (or an experiment ``target_batch_size``), that many trainers train the dense part
+of the model together (DeDLOC, :mod:`engine.collab`: averaged gradients, the same optimizer steps) while
+each calls the volunteers' experts and credits them with its own receipts; ``steps`` then counts batches
+of the swarm as a whole (``steps * batch_size`` samples, in collaborative epochs of the target batch),
+and the demo prints each trainer's batches, epoch, samples/s, last all-reduce round and accuracy.
+
 With ``app``, the tray app joins as one more volunteer (``demo_app.py``): the newcomer goes through its
 first-run window, and the trainer trains round after round (until Ctrl+C or the app quits), so the
 app's own node gets requests and credit while they watch.
@@ -20,10 +26,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +41,39 @@ import torch
 from engine.moe import LoopThread
 from engine.p2p import Peer
 from engine.p2p.aiortc_patches import pin_host_addresses
-from engine.trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split, remote_model
+from engine.trainer import (
+    Trainer,
+    TrainerConfig,
+    TrainerNode,
+    TrainStats,
+    dense_digest,
+    load_digits_split,
+    remote_model,
+)
 
 from .demo_app import launch_app, stop_app
 
-__all__ = ["DemoResult", "run_demo"]
+__all__ = ["DemoResult", "TrainerResult", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class DemoResult:
+class TrainerResult:
+    name: str
+    steps: int  # batches this trainer computed
+    skipped_steps: int
+    epoch: int  # collaborative: the dense model's optimizer steps; 0 when it trained alone
+    collab_steps: list[tuple[int, int]]  # (epoch, group size) of each collaborative step it took
+    samples_per_s: float
+    last_round_s: float  # the last all-reduce round's seconds (nan: none)
     accuracy: float
+    dense_digest: str  # sha256 of the dense parameters: equal for trainers that stepped together
+
+
+@dataclass
+class DemoResult:
+    accuracy: float  # the first trainer's
     steps: int
     skipped_steps: int
     max_step_s: float
@@ -55,6 +85,7 @@ class DemoResult:
     served_after_kill: dict[str, int] = field(default_factory=dict)
     leaderboard_url: str = ""
     elapsed_s: float = 0.0
+    trainers: list[TrainerResult] = field(default_factory=list)
 
 
 async def _wait_for_experts(node: TrainerNode, uids: list[str], timeout: float) -> int:
@@ -87,9 +118,10 @@ def run_demo(
     say: Callable[[str], None] = print,
     data_dir: Path | None = None,
     wrap_peer: Callable[[Peer], Any] | None = None,
+    trainers: int = 1,
 ) -> DemoResult | None:
     """Run the demo (``None`` when Ctrl+C stopped it before the end); ``kill_at``: stop the first
-    volunteer after that many steps (routing around it).
+    volunteer after that many steps (routing around it; one trainer alone only).
 
     ``wrap_peer``: what the trainer's DMoE layer calls experts through instead of its Peer (benchmarks
     inject faults and latency there)."""
@@ -100,6 +132,13 @@ def run_demo(
     from engine.resources import Settings
 
     cfg = config or TrainerConfig()
+    if trainers < 1:
+        raise ValueError("the demo needs at least one trainer")
+    if trainers > 1 and cfg.target_batch_size == 0:  # each trainer two batches per epoch
+        cfg = replace(cfg, target_batch_size=2 * trainers * cfg.batch_size)
+    collaborative = cfg.target_batch_size > 0
+    if collaborative and kill_at is not None:
+        raise ValueError("kill_at is for one trainer alone")
     torch.set_num_threads(1)  # tiny matrices: threads only contend (with the hosts' worker threads too)
     pin_host_addresses(["127.0.0.1"])
     t_start = time.monotonic()
@@ -112,6 +151,7 @@ def run_demo(
             grid=list(cfg.grid),
             hyperparams={"d_model": cfg.dim, "hidden": cfg.hidden},
             replication=2,
+            target_batch_size=cfg.target_batch_size,
         )
         coordinator_config = CoordinatorConfig(
             port=0,
@@ -123,6 +163,7 @@ def run_demo(
         running = loop.run(start_full(coordinator_config), 60)
         vols: list[Any] = []
         node: TrainerNode | None = None
+        nodes: list[TrainerNode] = []
         app_proc = None
         try:
             say(f"coordinator: {running.url} (SQLite in {tmp})")
@@ -147,21 +188,36 @@ def run_demo(
             for i, v in enumerate(vols):
                 hosted = " ".join(v.hosted_uids)
                 say(f"volunteer-{i} ({v.peer_id[:12]}…) hosts {len(v.hosted_uids)} experts: {hosted}")
-            node = TrainerNode(running.url, "trainer", loop=loop, config=cfg)
-            loop.run(node.start(), 60)
             services = running.runner.app[SERVICES]
-            loop.run(services.accounts.set_role("trainer", "trainer", by=None), 15)  # an admin's act
+            for name in ["trainer"] if trainers == 1 else [f"trainer-{i}" for i in range(trainers)]:
+                nodes.append(TrainerNode(running.url, name, loop=loop, config=cfg))
+                loop.run(nodes[-1].start(), 60)
+                loop.run(services.accounts.set_role(name, "trainer", by=None), 15)  # an admin's act
+            node = nodes[0]
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
             seen = loop.run(_wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
-            say(f"trainer ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
+            say(f"{node.name} ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
 
             data = load_digits_split(seed=cfg.seed)
-            if wrap_peer is None:
-                model = node.model()
-            else:
-                assert node.peer is not None and node.finder is not None
-                model = remote_model(wrap_peer(node.peer), node.finder, loop, cfg, node.observe)
-            trainer = Trainer(model, data, cfg)
+            team: list[Trainer] = []
+            for i, tn in enumerate(nodes):
+                if wrap_peer is None:
+                    model = tn.model()
+                else:
+                    assert tn.peer is not None and tn.finder is not None
+                    model = remote_model(wrap_peer(tn.peer), tn.finder, loop, cfg, tn.observe)
+                if not collaborative:
+                    team.append(Trainer(model, data, cfg))
+                    continue
+                collab = loop.run(tn.collaborate(model), 60)
+                team.append(Trainer(model, data, cfg, collab=collab, loop=loop, data_seed=cfg.seed + i))
+            trainer = team[0]
+            epochs_per_round = max(1, math.ceil(steps * cfg.batch_size / max(1, cfg.target_batch_size)))
+            if collaborative:
+                say(
+                    f"{trainers} trainers train the dense part together: target batch "
+                    f"{cfg.target_batch_size}, {epochs_per_round} collaborative epochs"
+                )
             killed: list[str] = []
             before_kill: dict[str, int] = {}
 
@@ -179,14 +235,19 @@ def run_demo(
                 say("the tray app is starting: go through its window to join as one more volunteer")
             rounds = 0
             while True:
-                stats = trainer.train(steps, progress=progress, on_step=on_step)
-                accuracy = trainer.evaluate(progress=progress)
-                loop.run(node.receipts.flush(), 30)
+                if collaborative:
+                    stats = _train_together(team, epochs_per_round * (rounds + 1), steps, progress)
+                else:
+                    stats = trainer.train(steps, progress=progress, on_step=on_step)
+                accuracies = [t.evaluate(progress=progress) for t in team]
+                accuracy = accuracies[0]
+                for tn in nodes:
+                    loop.run(tn.receipts.flush(), 30)
                 rounds += 1
                 if app_proc is None or app_proc.poll() is not None:
                     break
                 by_host = ", ".join(
-                    f"{names.get(h, 'your app')}: {n}" for h, n in sorted(node.stats.served.items())
+                    f"{names.get(h, 'your app')}: {n}" for h, n in sorted(_served(nodes).items())
                 )
                 say(f"round {rounds}: accuracy {accuracy:.3f}; requests served so far: {by_host}")
             time.sleep(0.2)
@@ -194,8 +255,28 @@ def run_demo(
             credit = {
                 str(e.get("id", "")): float(e.get("credit_total", 0.0)) for e in board.get("entries", [])
             }
-            served = {names[h]: n for h, n in node.stats.served.items() if h in names}
-            after = {names[h]: n - before_kill.get(h, 0) for h, n in node.stats.served.items() if h in names}
+            all_served = _served(nodes)
+            served = {names[h]: n for h, n in all_served.items() if h in names}
+            after = {names[h]: n - before_kill.get(h, 0) for h, n in all_served.items() if h in names}
+            receipts: Counter[str] = Counter()
+            requests: Counter[str] = Counter()
+            for tn in nodes:
+                receipts.update({k: v for k, v in vars(tn.receipts.stats).items() if isinstance(v, int)})
+                requests.update(tn.stats.requests)
+            per_trainer = [
+                TrainerResult(
+                    name=tn.name,
+                    steps=t.stats.steps,
+                    skipped_steps=t.stats.skipped_steps,
+                    epoch=t.stats.epoch,
+                    collab_steps=list(t.stats.collab_steps),
+                    samples_per_s=t.stats.samples_per_s,
+                    last_round_s=t.stats.last_round_s,
+                    accuracy=a,
+                    dense_digest=dense_digest(t.model),
+                )
+                for tn, t, a in zip(nodes, team, accuracies, strict=True)
+            ]
             result = DemoResult(
                 accuracy=accuracy,
                 steps=stats.steps,
@@ -203,18 +284,34 @@ def run_demo(
                 max_step_s=stats.max_step_s,
                 served=dict(sorted(served.items())),
                 host_credit=credit,
-                receipts=vars(node.receipts.stats),
-                requests=dict(node.stats.requests),
+                receipts=dict(receipts),
+                requests=dict(requests),
                 killed=names[killed[0]] if killed else None,
                 served_after_kill=dict(sorted(after.items())) if killed else {},
                 leaderboard_url=f"{running.url}/leaderboard",
                 elapsed_s=time.monotonic() - t_start,
+                trainers=per_trainer,
             )
+            if collaborative:
+                for tr in per_trainer:
+                    say(
+                        f"{tr.name}: {tr.steps} steps ({tr.skipped_steps} skipped), epoch {tr.epoch}, "
+                        f"{tr.samples_per_s:.0f} samples/s, last round {tr.last_round_s:.2f} s, "
+                        f"test accuracy {tr.accuracy:.3f}"
+                    )
+                same = len({tr.dense_digest for tr in per_trainer}) == 1
+                averaged = sum(t.stats.collab_samples for t in team) / max(1, trainer.stats.epoch)
+                say(
+                    f"dense parameters {'identical' if same else 'DIFFER'} across trainers; "
+                    f"{averaged:.0f} samples averaged per epoch (target {cfg.target_batch_size})"
+                )
             say(f"test accuracy: {accuracy:.3f} after {stats.steps} steps ({stats.skipped_steps} skipped)")
             for name, n in result.served.items():
                 say(f"  {name}: served {n} requests")
-            r = node.receipts.stats
-            say(f"receipts: {r.submitted} submitted, {r.accepted} credited, {r.rejected} rejected")
+            say(
+                f"receipts: {receipts['submitted']} submitted, {receipts['accepted']} credited, "
+                f"{receipts['rejected']} rejected"
+            )
             say(f"leaderboard: {result.leaderboard_url}")
             if linger is None:
                 say("the coordinator stays up until Ctrl+C")
@@ -229,12 +326,35 @@ def run_demo(
         finally:
             if app_proc is not None:
                 stop_app(app_proc)
-            if node is not None:
-                _quietly(loop, node.stop(), 30)
+            for tn in nodes:
+                _quietly(loop, tn.stop(), 30)
             for v in vols:
                 _quietly(loop, v.stop(), 30)
             _quietly(loop, running.stop(), 15)
             loop.close()
+
+
+def _train_together(team: list[Trainer], epochs: int, steps: int, progress: bool) -> TrainStats:
+    """Every trainer on its own thread (they step together, so they must run at once) until the
+    collaboration reaches ``epochs``; a bound of ``20 * steps`` batches each stops a stalled one."""
+    with ThreadPoolExecutor(len(team), thread_name_prefix="trainer") as pool:
+        futures = [
+            pool.submit(t.train_epochs, epochs, progress=progress and i == 0, max_batches=20 * steps)
+            for i, t in enumerate(team)
+        ]
+        try:
+            return next(f.result() for f in futures)
+        except BaseException:  # Ctrl+C, or one trainer failed: the others stop after their batch
+            for t in team:
+                t.stop()
+            raise
+
+
+def _served(nodes: list[TrainerNode]) -> Counter[str]:
+    total: Counter[str] = Counter()
+    for tn in nodes:
+        total.update(tn.stats.served)
+    return total
 
 
 def _wait_for_interrupt() -> None:

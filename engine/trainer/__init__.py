@@ -5,7 +5,8 @@
     model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
-    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side)
+    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side);
+                         with target_batch_size, the dense part steps with other trainers (engine.collab)
 
 The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
 (its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``).
@@ -14,7 +15,15 @@ The coordinator's HTTP API is the engine's one client of it, ``engine.node.coord
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split
 from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
 from .spot_check import SpotChecker
-from .trainer import Trainer, TrainerConfig, TrainerNode, TrainStats, local_model, remote_model
+from .trainer import (
+    Trainer,
+    TrainerConfig,
+    TrainerNode,
+    TrainStats,
+    dense_digest,
+    local_model,
+    remote_model,
+)
 
 __all__ = [
     "Digits",
@@ -27,6 +36,7 @@ __all__ = [
     "TrainerConfig",
     "TrainerNode",
     "Work",
+    "dense_digest",
     "load_digits_split",
     "local_model",
     "remote_model",

@@ -6,10 +6,21 @@ coordinator's signaling, a DHT node (bootstrapped from the coordinator's peer li
 mixture layer's call observer. :class:`Trainer` runs synchronous PyTorch on the calling thread: the
 optimizer updates the dense parameters (input layer, gates, head); experts update themselves on their
 hosts from the gradients they receive. A step whose mixture cannot get ``k_min`` answers is skipped.
+
+With ``target_batch_size`` (the experiment's), the dense parameters are trained collaboratively
+(DeDLOC, :mod:`engine.collab`): :meth:`TrainerNode.collaborate` wraps the optimizer in a
+:class:`~engine.collab.CollaborativeOptimizer` on the trainer's Peer and DHT, under the run
+``<experiment>.dense``; every trainer of the experiment accumulates gradients on its own batches and
+all take the same optimizer step once together they have processed the target. The trainer thread
+hands each batch's gradients to it on the loop (it blocks there while its group averages). Expert
+calls, receipts and spot checks are unchanged: every trainer credits the hosts that answered it.
 """
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -20,6 +31,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from engine.collab import CollabConfig, CollabError, CollaborativeOptimizer, MatchmakingConfig
 from engine.dht import DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import ExpertCallFailed, LoopThread, NotEnoughExperts, RemoteExpert, RemoteMixtureOfExperts
@@ -34,7 +46,17 @@ from .model import Digits, DigitsDMoE, LocalMixtureOfExperts
 from .receipts import ReceiptBook, Work, sign_spot_check
 from .spot_check import SpotChecker
 
-__all__ = ["TrainStats", "Trainer", "TrainerConfig", "TrainerNode", "local_model", "remote_model"]
+__all__ = [
+    "TrainStats",
+    "Trainer",
+    "TrainerConfig",
+    "TrainerNode",
+    "dense_digest",
+    "local_model",
+    "remote_model",
+]
+
+logger = logging.getLogger(__name__)
 
 #: Failures that say the host is unreachable or going away: the finder prefers its replicas for a while.
 HOST_FAILURES = frozenset({"connection", "timeout", "unavailable", "unknown_expert"})
@@ -56,6 +78,9 @@ class TrainerConfig:
     seed: int = 0
     spot_check_fraction: float = 0.02
     wire: str = "float16"  # expert calls: "float16" or "int8" (engine.moe.client.WIRE_FORMATS)
+    target_batch_size: int = 0  # >0: train the dense part with the experiment's other trainers
+    gather_s: float = 2.0  # collaborative matchmaking: how long peers due for a step gather
+    collab_timeout_s: float = 300.0  # the longest one collaborative step may block the trainer
 
     @property
     def step_timeout_s(self) -> float:
@@ -72,6 +97,18 @@ class TrainStats:
     last_loss: float = float("nan")
     requests: Counter[str] = field(default_factory=Counter)  # "ok" / failure codes
     served: Counter[str] = field(default_factory=Counter)  # host peer id -> answered requests
+    samples: int = 0  # samples this trainer computed gradients on
+    epoch: int = 0  # collaborative: the dense model's optimizer steps (the collaboration's epoch)
+    collab_steps: list[tuple[int, int]] = field(default_factory=list)  # (epoch, group size) per step
+    collab_samples: int = 0  # collaborative: samples this trainer contributed to the steps it took
+    last_round_s: float = float("nan")  # collaborative: the last all-reduce round's seconds
+    collab_s: float = 0.0  # collaborative: seconds spent matching, averaging and taking state
+
+    @property
+    def samples_per_s(self) -> float:
+        """Samples per second of training, collaboration time included."""
+        wall = self.elapsed_s + self.collab_s
+        return self.samples / wall if wall > 0 else 0.0
 
 
 def remote_model(
@@ -106,13 +143,32 @@ def local_model(config: TrainerConfig) -> DigitsDMoE:
 
 
 class Trainer:
-    """Trains ``model`` on ``data`` with Adam on every parameter it holds (remote experts hold none)."""
+    """Trains ``model`` on ``data`` with Adam on every parameter it holds (remote experts hold none).
 
-    def __init__(self, model: nn.Module, data: Digits, config: TrainerConfig) -> None:
+    With ``collab`` (whose optimizer is then the one used) each batch's gradients go to the
+    collaboration on ``loop`` instead of a local step; ``data_seed`` orders this trainer's batches
+    (trainers of one collaboration should see different ones; default: the config's seed)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        data: Digits,
+        config: TrainerConfig,
+        *,
+        collab: CollaborativeOptimizer | None = None,
+        loop: LoopThread | None = None,
+        data_seed: int | None = None,
+    ) -> None:
+        if collab is not None and loop is None:
+            raise ValueError("a collaborative trainer needs the loop its collaboration runs on")
         self.model, self.data, self.config = model, data, config
-        self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
+        self.collab, self.loop = collab, loop
+        self.optimizer = (
+            collab.optimizer if collab is not None else torch.optim.Adam(model.parameters(), lr=config.lr)
+        )
         self.stats = TrainStats()
-        self._gen = torch.Generator().manual_seed(config.seed)
+        self._stop = threading.Event()
+        self._gen = torch.Generator().manual_seed(config.seed if data_seed is None else data_seed)
         self._order = torch.empty(0, dtype=torch.long)
 
     def _batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,11 +186,16 @@ class Trainer:
             loss = nn.functional.cross_entropy(self.model(x), y)
             self.optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
-            self.optimizer.step()
+            if self.collab is None:
+                self.optimizer.step()
             result: float | None = float(loss.detach())
         except (NotEnoughExperts, ExpertCallFailed, TimeoutError):
             result = None
         took = time.monotonic() - t0
+        if result is not None:
+            self.stats.samples += len(x)
+            if self.collab is not None:
+                self._collab_step(len(x))
         self.stats.max_step_s = max(self.stats.max_step_s, took)
         self.stats.elapsed_s += took
         if result is None:
@@ -143,6 +204,24 @@ class Trainer:
             self.stats.steps += 1
             self.stats.last_loss = result
         return result
+
+    def _collab_step(self, batch_size: int) -> None:
+        """Hand this batch's gradients to the collaboration; it steps when the target is reached."""
+        assert self.collab is not None and self.loop is not None
+        t0 = time.monotonic()
+        try:
+            report = self.loop.run(self.collab.step(batch_size), self.config.collab_timeout_s)
+        except (CollabError, DHTError, TimeoutError) as e:
+            # The gradients stay accumulated (or were applied locally): the next batch tries again.
+            logger.warning("collaborative step failed: %s", e)
+            report = None
+        self.stats.collab_s += time.monotonic() - t0
+        if report is not None and report.samples > 0:
+            self.stats.collab_steps.append((report.epoch, report.group_size))
+            self.stats.collab_samples += report.samples
+            if report.round is not None:
+                self.stats.last_round_s = report.round.seconds
+        self.stats.epoch = self.collab.epoch
 
     def train(
         self, steps: int, *, progress: bool = True, on_step: Callable[[int], None] | None = None
@@ -156,6 +235,31 @@ class Trainer:
                 on_step(i)
         bar.close()
         return self.stats
+
+    def train_epochs(
+        self, epochs: int, *, progress: bool = True, max_batches: int | None = None
+    ) -> TrainStats:
+        """Collaborative: train until the dense model has taken ``epochs`` steps (or ``max_batches``
+        batches, when given, as a bound for a collaboration that stalls)."""
+        assert self.collab is not None, "train_epochs is for a collaborative trainer"
+        bar = tqdm(total=epochs, desc="collaborating", unit="epoch", disable=not progress, leave=True)
+        batches = 0
+        while (
+            self.collab.epoch < epochs
+            and (max_batches is None or batches < max_batches)
+            and not self._stop.is_set()
+        ):
+            loss = self.step()
+            batches += 1
+            bar.update(min(self.collab.epoch, epochs) - bar.n)
+            if loss is not None:
+                bar.set_postfix(loss=f"{loss:.3f}", batches=batches)
+        bar.close()
+        return self.stats
+
+    def stop(self) -> None:
+        """Ask :meth:`train_epochs`, from another thread, to return after the current batch."""
+        self._stop.set()
 
     @torch.no_grad()
     def evaluate(self, batch_size: int = 512, *, progress: bool = False) -> float:
@@ -238,6 +342,23 @@ class TrainerNode:
         assert self.peer is not None and self.finder is not None, "start() first"
         return remote_model(self.peer, self.finder, self.loop, self.config, self.observe)
 
+    async def collaborate(self, model: nn.Module) -> CollaborativeOptimizer:
+        """Adam over ``model``'s dense parameters, stepping with the experiment's other trainers
+        (the run ``<experiment>.dense``); takes the collaboration's state if it is under way."""
+        cfg = self.config
+        if cfg.target_batch_size <= 0:
+            raise ValueError("collaborative training needs target_batch_size > 0")
+        assert self.peer is not None and self.dht is not None, "start() first"
+        collab_config = CollabConfig(
+            run=f"{cfg.uid_prefix}.dense",
+            target_batch_size=cfg.target_batch_size,
+            matchmaking=MatchmakingConfig(gather_s=cfg.gather_s, max_wait_s=4 * cfg.gather_s + 4.0),
+        )
+        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        collab = CollaborativeOptimizer(model, optimizer, self.peer, self.dht, collab_config)
+        await collab.join()
+        return collab
+
     def observe(self, record: CallRecord) -> None:
         """The mixture's observer (on the loop): receipts, host health, spot checks, counters."""
         self.stats.requests["ok" if record.ok else record.code] += 1
@@ -275,3 +396,12 @@ class TrainerNode:
         if self.peer is not None:
             await self.peer.stop()
         await self.api.close()
+
+
+def dense_digest(model: nn.Module) -> str:
+    """SHA-256 over the model's parameters (the dense part: remote experts hold none), in order:
+    collaborating trainers that took the same steps have the same digest."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()

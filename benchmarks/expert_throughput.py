@@ -27,7 +27,7 @@ import torch
 
 from engine.moe import ExpertServer, ExpertSpec, LoopThread, RemoteExpert, build, new_activation_id
 from engine.p2p import Handlers, Identity, LinkConfig, Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import install, pin_host_addresses
 
 
 def inprocess_sps(spec: ExpertSpec, batch: int, seconds: float) -> float:
@@ -101,6 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     seconds = 8.0 if args.quick else 30.0
     pin_host_addresses(["127.0.0.1"])
+    install(strict=True)
     spec = ExpertSpec("ffn", 1024, 4096)
     local = inprocess_sps(spec, args.batch, seconds)
     print(f"in process: {local:.0f} samples/s", flush=True)

@@ -28,18 +28,17 @@ MIB = 1 << 20
 
 
 def _setup(patched: bool, use_uvloop: bool, sender_fast: bool = True) -> asyncio.AbstractEventLoop:
-    from engine.p2p import aiortc_patches
+    from engine.p2p import patches
+    from engine.p2p.patches import registry
 
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
+    patches.pin_host_addresses(["127.0.0.1"])
     if patched:
-        aiortc_patches.apply()
-        if not sender_fast:  # A/B: the earlier patch set, without the sender-side fast paths
+        patches.install(strict=True)
+        if not sender_fast:  # A/B: the receiver patches with aiortc's stock sender
             from aiortc.rtcsctptransport import RTCSctpTransport
 
-            from engine.p2p import aiortc_sctp_fast
-
-            for name in ("_receive_sack_chunk", "_transmit", "_t3_expired"):
-                original = aiortc_sctp_fast.ORIGINALS[f"aiortc.rtcsctptransport.RTCSctpTransport.{name}"]
+            for name in ("_receive_sack_chunk", "_transmit", "_t3_expired", "_update_rto"):
+                original = registry.ORIGINALS[f"aiortc.rtcsctptransport.RTCSctpTransport.{name}"]
                 setattr(RTCSctpTransport, name, original)
     if use_uvloop:
         import uvloop
@@ -153,7 +152,10 @@ def main() -> None:
     p.add_argument("--msg-kib", type=int, default=256)
     p.add_argument("--mib", type=int, default=64)
     p.add_argument(
-        "--no-sender-fast", dest="sender_fast", action="store_false", help="A/B: patched minus SACK/transmit"
+        "--no-sender-fast",
+        dest="sender_fast",
+        action="store_false",
+        help="A/B: patched receiver, stock sender",
     )
     p.add_argument("--profile", metavar="PREFIX", help="cProfile both sides to PREFIX.{sender,receiver}.prof")
     args = p.parse_args()

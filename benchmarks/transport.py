@@ -40,9 +40,9 @@ IN_FLIGHT = 4
 
 
 def _pin() -> None:
-    from engine.p2p import aiortc_patches
+    from engine.p2p import patches
 
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
+    patches.pin_host_addresses(["127.0.0.1"])
 
 
 # -- (a) stock aiortc -------------------------------------------------------------------------------
@@ -108,13 +108,13 @@ def _stock_main(role: str, sdp: Connection, ctl: Connection, total: int, msg: in
 def _project_main(role: str, ctl: Connection, url: str, args: dict[str, Any]) -> None:
     import torch
 
-    from engine.p2p import aiortc_patches, eventloop
+    from engine.p2p import eventloop, patches
 
     # Codec work is small next to the transport's; one intra-op thread keeps OpenMP's spinning
     # workers from competing with the event loop for this machine's two cores.
     torch.set_num_threads(1)
     _pin()
-    aiortc_patches.apply()
+    patches.install(strict=True)
     eventloop.run(_project_side(role, ctl, url, args))
 
 

@@ -1,7 +1,7 @@
 """What ICE chose for a connection: the nominated candidate pair's types (host, srflx, prflx, relay).
 
 aiortc exposes no selected-pair statistics for data channels, so this reads aioice's internals, pinned
-like everything else to aiortc 1.16.0 / aioice 0.13.0 (see :mod:`engine.p2p.aiortc_patches`):
+like everything else to aiortc 1.16.0 / aioice 0.13.0 (see :mod:`engine.p2p.patches`):
 ``RTCPeerConnection.sctp.transport`` (RTCDtlsTransport) ``.transport`` (RTCIceTransport)
 ``._connection`` (aioice Connection) ``._nominated[1]`` (CandidatePair of component 1).
 """

@@ -22,13 +22,12 @@ import torch
 
 from engine.wire import Compression, Message
 
-from . import aiortc_patches
 from . import signaling_protocol as sp
-from .aioice_patches import recent_turn_failures
 from .connection import Link, LinkConfig, accept, close_quietly, dial
 from .descriptions import SignedDescription, new_session_id
 from .errors import ConnectError, P2PError, PeerMismatch
 from .identity import Identity
+from .patches.ice import recent_turn_failures
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
 from .signaling import SignalingClient, TokenProvider, unreachable
 
@@ -50,7 +49,6 @@ class Peer:
     ) -> None:
         """``token``/``token_provider``: the account token a coordinator that admits only account
         holders asks for (the provider is called before every join, so it can refresh)."""
-        aiortc_patches.apply()  # the project's transport is aiortc with these patches, everywhere
         self.identity = identity
         self.handlers = handlers or Handlers()
         self._base_config = config or LinkConfig()

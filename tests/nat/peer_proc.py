@@ -34,10 +34,10 @@ from typing import Any
 import torch
 
 from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
 from engine.p2p.connection import close_quietly
 from engine.p2p.eventloop import run
 from engine.p2p.ice_stats import selected_addresses, selected_candidate_types
+from engine.p2p.patches import install, pin_host_addresses
 from engine.wire import Kind, Message
 
 
@@ -278,6 +278,7 @@ async def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aioice").setLevel(logging.WARNING)
     pin_host_addresses([args.host])
+    install()
     peer = Peer(
         Identity.generate(),
         args.signal,

@@ -1,4 +1,4 @@
-"""aioice changes: prefer direct paths over relayed ones, and remember why TURN failed.
+"""aioice changes: prefer direct paths over relayed ones, remember why TURN failed, demux DTLS first.
 
 **Direct paths first.** The controlling ICE agent gives direct pairs a head start over relayed ones.
 
@@ -28,14 +28,6 @@ import aioice.ice as ice
 RELAY_GRACE_S = 0.75
 _POLL_S = 0.05
 
-ORIGINALS: dict[str, Any] = {
-    "aioice.ice.Connection.check_start": ice.Connection.check_start,
-    "aioice.ice.relayed_candidate": ice.relayed_candidate,
-}
-ORIGINAL_SOURCE_SHA256: dict[str, str] = {
-    "aioice.ice.Connection.check_start": "7de056d252f46a155c8b9c2061077360d2aa6b0dc0ca7f4f5a4fa2fec2417bca",
-    "aioice.ice.relayed_candidate": "271e25be8724ce381b2bdfe17c1518f314f3588927b34254f5830f98676dcc25",
-}
 _original_check_start = ice.Connection.check_start
 _original_relayed_candidate = ice.relayed_candidate
 _turn_failures: deque[tuple[float, str]] = deque(maxlen=32)
@@ -88,6 +80,15 @@ def recent_turn_failures(since: float) -> list[str]:
     return [reason for at, reason in _turn_failures if at >= since]
 
 
-def install() -> None:
-    ice.Connection.check_start = check_start  # type: ignore[method-assign]
-    ice.relayed_candidate = relayed_candidate
+# --- RFC 7983 demultiplexing before the STUN parse ------------------------------------------------
+
+_stock_datagram_received = ice.StunProtocol.datagram_received
+
+
+def datagram_received(self: Any, data: Any, addr: Any) -> None:
+    """A datagram whose first byte is 20..63 is DTLS (RFC 7983) and goes straight to the connection
+    instead of first failing a STUN parse (an exception per packet); STUN (0..3) is handled as before."""
+    if data and 19 < data[0] < 64:
+        self.receiver.data_received(data, self.local_candidate.component)
+        return
+    _stock_datagram_received(self, data, addr)

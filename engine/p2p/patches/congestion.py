@@ -1,0 +1,241 @@
+"""Congestion controllers for the SCTP sender: pure state machines, no I/O, no aiortc.
+
+The sender (:mod:`.sctp_sender`) tells a controller what happened (bytes delivered with an RTT and a
+delivery-rate sample, a loss event, its end, an RTO) and reads back ``cwnd`` (bytes that may be in
+flight), ``ssthresh`` (the target while recovering) and ``pacing_rate`` (bytes/s, or None: ack-clocked).
+Nothing here is visible on the wire: any controller interoperates with every SCTP peer.
+
+- :class:`Cubic`: RFC 9438 (TCP's default on Linux), with its Reno-friendly region and fast convergence.
+- :class:`BbrLite`: BBR-style: the bottleneck rate (max filter over 10 rounds) and the min RTT set the
+  pacing rate and an in-flight cap of 2x the BDP; unlike BBRv1 it also cuts an in-flight bound when more
+  than :data:`BbrLite.LOSS_THRESH` of a round's bytes are lost, so it does not flatten a home uplink
+  that a loss-based flow shares. (No PROBE_RTT phase: the min RTT simply expires after 10 s.)
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+INITIAL_WINDOW_PACKETS = 10  # RFC 6928 / Chromium dcSCTP; RFC 9260 allows 4
+
+
+class Controller(Protocol):
+    name: str
+    cwnd: int
+    ssthresh: int
+    pacing_rate: float | None
+
+    def on_ack(
+        self,
+        acked: int,
+        now: float,
+        srtt: float | None,
+        min_rtt: float | None,
+        cwnd_limited: bool,
+        rate: float | None,
+        new_round: bool,
+    ) -> None: ...
+
+    def on_congestion_event(self, now: float, flight: int) -> None: ...
+
+    def on_recovery_exit(self, now: float) -> None: ...
+
+    def on_lost(self, lost: int) -> None: ...
+
+    def on_rto(self, now: float) -> None: ...
+
+
+class Cubic:
+    """RFC 9438, in segments of ``mtu`` bytes internally, bytes outside."""
+
+    name = "cubic"
+    C = 0.4
+    BETA = 0.7
+    ALPHA = 3 * (1 - BETA) / (1 + BETA)
+
+    def __init__(self, mtu: int, cwnd: int | None = None) -> None:
+        self.mtu = mtu
+        self.cwnd = cwnd or INITIAL_WINDOW_PACKETS * mtu
+        self.ssthresh = 1 << 30
+        self.pacing_rate: float | None = None
+        self.w_max = 0.0
+        self.k = 0.0
+        self.epoch: float | None = None
+        self.w_est = 0.0
+
+    def _seg(self) -> float:
+        return self.cwnd / self.mtu
+
+    def on_ack(
+        self,
+        acked: int,
+        now: float,
+        srtt: float | None,
+        min_rtt: float | None,
+        cwnd_limited: bool,
+        rate: float | None,
+        new_round: bool,
+    ) -> None:
+        if not cwnd_limited or acked <= 0:
+            return
+        if self.cwnd < self.ssthresh:  # slow start, byte counting (RFC 3465, L = 4 packets)
+            self.cwnd += min(acked, 4 * self.mtu)
+            return
+        cwnd = self._seg()
+        if self.epoch is None:
+            self.epoch = now
+            if cwnd < self.w_max:
+                self.k = ((self.w_max - cwnd) / self.C) ** (1 / 3)
+            else:
+                self.k, self.w_max = 0.0, cwnd
+            self.w_est = cwnd
+        t = now - self.epoch
+        rtt = srtt or 0.1
+        target = self.C * (t + rtt - self.k) ** 3 + self.w_max
+        target = min(max(target, cwnd), 1.5 * cwnd)
+        acked_seg = acked / self.mtu
+        self.w_est += self.ALPHA * acked_seg / cwnd
+        if self.C * (t - self.k) ** 3 + self.w_max < self.w_est:  # Reno-friendly region
+            new = max(cwnd, self.w_est)
+        else:
+            new = cwnd + (target - cwnd) / cwnd * acked_seg
+        self.cwnd = max(int(new * self.mtu), 2 * self.mtu)
+
+    def on_congestion_event(self, now: float, flight: int) -> None:
+        cwnd = self._seg()
+        self.w_max = cwnd * (1 + self.BETA) / 2 if cwnd < self.w_max else cwnd  # fast convergence
+        self.ssthresh = max(int(self.cwnd * self.BETA), 2 * self.mtu)
+        self.epoch = None
+
+    def on_recovery_exit(self, now: float) -> None:
+        self.cwnd = max(self.ssthresh, 2 * self.mtu)
+
+    def on_lost(self, lost: int) -> None:
+        pass
+
+    def on_rto(self, now: float) -> None:
+        self.on_congestion_event(now, self.cwnd)
+        self.cwnd = self.mtu
+
+
+class BbrLite:
+    """Delivery rate x min RTT, paced; 2x BDP in flight; an in-flight bound cut on heavy loss."""
+
+    name = "bbr"
+    STARTUP_GAIN = 2.885
+    CWND_GAIN = 2.0
+    CYCLE = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    BW_WINDOW_ROUNDS = 10
+    MIN_RTT_WINDOW_S = 10.0
+    LOSS_THRESH = 0.02
+    BETA = 0.7
+
+    def __init__(self, mtu: int, cwnd: int | None = None) -> None:
+        self.mtu = mtu
+        self.cwnd = cwnd or INITIAL_WINDOW_PACKETS * mtu
+        self.ssthresh = 1 << 30
+        self.pacing_rate: float | None = None
+        self.state = "startup"
+        self.bw_samples: deque[float] = deque(maxlen=self.BW_WINDOW_ROUNDS)  # max rate per round
+        self.round_max = 0.0
+        self.full_bw = 0.0
+        self.full_bw_rounds = 0
+        self.min_rtt: float | None = None
+        self.min_rtt_at = 0.0
+        self.cycle_index = 0
+        self.cycle_at = 0.0
+        self.inflight_hi = float("inf")
+        self.round_lost = 0
+        self.round_delivered = 0
+
+    @property
+    def btl_bw(self) -> float:
+        return max((*self.bw_samples, self.round_max), default=0.0)
+
+    def _bdp(self) -> float:
+        return self.btl_bw * (self.min_rtt or 0.0)
+
+    def on_ack(
+        self,
+        acked: int,
+        now: float,
+        srtt: float | None,
+        min_rtt: float | None,
+        cwnd_limited: bool,
+        rate: float | None,
+        new_round: bool,
+    ) -> None:
+        if min_rtt is not None and (
+            self.min_rtt is None or min_rtt <= self.min_rtt or now - self.min_rtt_at > self.MIN_RTT_WINDOW_S
+        ):
+            self.min_rtt, self.min_rtt_at = min_rtt, now
+        if rate is not None and rate > self.round_max:
+            self.round_max = rate
+        self.round_delivered += acked
+        if new_round:
+            self._end_round(now)
+        bw, bdp = self.btl_bw, self._bdp()
+        gain = {"startup": self.STARTUP_GAIN, "drain": 1 / self.STARTUP_GAIN}.get(
+            self.state, self.CYCLE[self.cycle_index]
+        )
+        if self.state == "drain" and bdp and self.cwnd <= bdp * 1.1:
+            self.state, self.cycle_at = "probe_bw", now
+        if self.state == "probe_bw" and self.min_rtt and now - self.cycle_at > self.min_rtt:
+            self.cycle_index = (self.cycle_index + 1) % len(self.CYCLE)
+            self.cycle_at = now
+        self.pacing_rate = gain * bw if bw else None
+        if self.state == "startup":
+            if cwnd_limited:
+                self.cwnd += acked  # doubles per round, like slow start
+            if bdp:
+                self.cwnd = min(self.cwnd, int(self.STARTUP_GAIN * bdp) + 4 * self.mtu)
+        elif bdp:
+            self.cwnd = int(self.CWND_GAIN * bdp) + 4 * self.mtu
+        self.cwnd = max(4 * self.mtu, int(min(self.cwnd, self.inflight_hi)))
+        self.ssthresh = self.cwnd
+
+    def _end_round(self, now: float) -> None:
+        self.bw_samples.append(self.round_max)
+        lost, delivered = self.round_lost, self.round_delivered
+        self.round_max, self.round_lost, self.round_delivered = 0.0, 0, 0
+        if lost and lost > self.LOSS_THRESH * (lost + delivered):
+            self.inflight_hi = max(self.cwnd * self.BETA, 4 * self.mtu)
+            if self.state == "startup":
+                self.state = "drain"
+        elif self.inflight_hi != float("inf"):
+            self.inflight_hi += self.mtu * max(1.0, self.inflight_hi / self.mtu / 16)  # probe up again
+            if self.inflight_hi > 4 * max(self._bdp(), self.mtu):
+                self.inflight_hi = float("inf")
+        if self.state == "startup":
+            bw = self.btl_bw
+            if bw > self.full_bw * 1.25:
+                self.full_bw, self.full_bw_rounds = bw, 0
+            else:
+                self.full_bw_rounds += 1
+                if self.full_bw_rounds >= 3:
+                    self.state = "drain"
+
+    def on_congestion_event(self, now: float, flight: int) -> None:
+        self.ssthresh = self.cwnd  # no blind cut: the loss rate decides (see _end_round)
+
+    def on_recovery_exit(self, now: float) -> None:
+        pass
+
+    def on_lost(self, lost: int) -> None:
+        self.round_lost += lost
+
+    def on_rto(self, now: float) -> None:
+        self.inflight_hi = max(self.cwnd * self.BETA, 4 * self.mtu)
+        self.cwnd = 4 * self.mtu
+        self.ssthresh = self.cwnd
+
+
+CONTROLLERS: dict[str, type[Cubic] | type[BbrLite]] = {"cubic": Cubic, "bbr": BbrLite}
+
+
+def make(name: str, mtu: int, cwnd: int | None = None) -> Controller:
+    try:
+        return CONTROLLERS[name](mtu, cwnd)
+    except KeyError:
+        raise ValueError(f"unknown congestion controller {name!r}; known: {sorted(CONTROLLERS)}") from None

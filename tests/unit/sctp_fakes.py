@@ -48,6 +48,7 @@ class FakeDtls:
         self.peer: FakeDtls | None = None
         self.receiver: Any = None
         self.drop: Callable[[bytes], bool] = lambda data: False
+        self.duplicate: Callable[[bytes], bool] = lambda data: False
         self._tasks: set[asyncio.Future[Any]] = set()
 
     def _register_data_receiver(self, receiver: Any) -> None:
@@ -68,10 +69,11 @@ class FakeDtls:
         if self.drop(data):
             self.dropped.append(data)
             return
-        if self.delay:
-            asyncio.get_running_loop().call_later(self.delay, self._deliver, data)
-        else:
-            self._deliver(data)
+        for _ in range(2 if self.duplicate(data) else 1):
+            if self.delay:
+                asyncio.get_running_loop().call_later(self.delay, self._deliver, data)
+            else:
+                self._deliver(data)
 
 
 def data_tsns(packets: list[bytes]) -> list[int]:
@@ -102,6 +104,7 @@ async def run_pair(
     receiver_cls: type[Any] = sctp.RTCSctpTransport,
     seed: int = 11,
     data_loss_only: bool = False,
+    duplicate: float = 0.0,
     timeout: float = 60.0,
 ) -> tuple[list[bytes], list[bytes], Any, FakeDtls]:
     """Send ``n`` random messages a -> b; returns (sent, received, sender transport, sender's dtls)."""
@@ -110,6 +113,7 @@ async def run_pair(
     da.peer, db.peer = db, da
     da.drop = lambda data: data[12] == 0 and rng.random() < loss  # DATA packets a -> b
     db.drop = lambda data: not data_loss_only and rng.random() < loss
+    da.duplicate = lambda data: rng.random() < duplicate
     a: Any = sender_cls(da)
     b: Any = receiver_cls(db)
     received: list[bytes] = []

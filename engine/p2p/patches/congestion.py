@@ -7,9 +7,10 @@ Nothing here is visible on the wire: any controller interoperates with every SCT
 
 - :class:`Cubic`: RFC 9438 (TCP's default on Linux), with its Reno-friendly region and fast convergence.
 - :class:`BbrLite`: BBR-style: the bottleneck rate (max filter over 10 rounds) and the min RTT set the
-  pacing rate and an in-flight cap of 2x the BDP; unlike BBRv1 it also cuts an in-flight bound when more
-  than :data:`BbrLite.LOSS_THRESH` of a round's bytes are lost, so it does not flatten a home uplink
-  that a loss-based flow shares. (No PROBE_RTT phase: the min RTT simply expires after 10 s.)
+  pacing rate and an in-flight cap of 2x the BDP; unlike BBRv1 it also cuts an in-flight bound when
+  more than :data:`BbrLite.LOSS_THRESH` of the bytes of a loss window (at least 256 packets) are
+  lost, so it does not flatten a home uplink that a loss-based flow shares. (No PROBE_RTT phase: the
+  min RTT simply expires after 10 s.)
 """
 
 from __future__ import annotations
@@ -128,7 +129,8 @@ class BbrLite:
     CYCLE = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
     BW_WINDOW_ROUNDS = 10
     MIN_RTT_WINDOW_S = 10.0
-    LOSS_THRESH = 0.02
+    LOSS_THRESH = 0.03  # of the bytes sent in a loss window: above it, the in-flight bound is cut
+    LOSS_WINDOW_PACKETS = 256  # packets per loss-rate estimate (a 40-packet round is too noisy)
     BETA = 0.7
 
     def __init__(self, mtu: int, cwnd: int | None = None) -> None:
@@ -179,11 +181,13 @@ class BbrLite:
         gain = {"startup": self.STARTUP_GAIN, "drain": 1 / self.STARTUP_GAIN}.get(
             self.state, self.CYCLE[self.cycle_index]
         )
-        if self.state == "drain" and bdp and self.cwnd <= bdp * 1.1:
+        if self.state == "drain" and new_round:  # the queue start-up built drains within a round
             self.state, self.cycle_at = "probe_bw", now
         if self.state == "probe_bw" and self.min_rtt and now - self.cycle_at > self.min_rtt:
             self.cycle_index = (self.cycle_index + 1) % len(self.CYCLE)
             self.cycle_at = now
+        if self.min_rtt:  # never below the initial window per RTT (tiny samples at start-up)
+            bw = max(bw, INITIAL_WINDOW_PACKETS * self.mtu / self.min_rtt)
         self.pacing_rate = gain * bw if bw else None
         if self.state == "startup":
             if cwnd_limited:
@@ -199,12 +203,14 @@ class BbrLite:
         self.bw_samples.append(self.round_max)
         lost, delivered = self.round_lost, self.round_delivered
         self.round_max, self.round_lost, self.round_delivered = 0.0, 0, 0
-        if lost and lost > self.LOSS_THRESH * (lost + delivered):
+        if lost + delivered < self.LOSS_WINDOW_PACKETS * self.mtu:
+            self.round_lost, self.round_delivered = lost, delivered  # keep counting
+        elif lost > self.LOSS_THRESH * (lost + delivered):
             self.inflight_hi = max(self.cwnd * self.BETA, 4 * self.mtu)
             if self.state == "startup":
                 self.state = "drain"
         elif self.inflight_hi != float("inf"):
-            self.inflight_hi += self.mtu * max(1.0, self.inflight_hi / self.mtu / 16)  # probe up again
+            self.inflight_hi *= 1.25  # a clean loss window: probe up again
             if self.inflight_hi > 4 * max(self._bdp(), self.mtu):
                 self.inflight_hi = float("inf")
         if self.state == "startup":

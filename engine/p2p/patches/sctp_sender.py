@@ -213,13 +213,14 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
 
     while q and _gte(cum, q[0].tsn):
         c = q.popleft()
-        if not c._acked:
+        if not c._acked and not c._abandoned:
             self._delivered += c._book_size
             if newest is None or c._sent_time >= newest._sent_time:
                 newest = c
         self._flight_size_decrease(c)
 
     hi = -1  # index in q of the highest chunk acked by a gap block
+    hi_new = -1  # ... newly acked by this SACK (HTNA: only chunks below it are struck)
     if chunk.gaps and q:
         head = (q[0].tsn - cum) % _MOD
         n = len(q)
@@ -231,9 +232,12 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             if end - head > n - 1:
                 st.bad_gap_blocks += 1  # acknowledges TSNs never sent: only the sent part counts
             a = max(a, 0)
-            for c in itertools.islice(q, a, b + 1):
+            for i, c in enumerate(itertools.islice(q, a, b + 1), a):
                 if not c._acked:
+                    hi_new = i
                     c._acked = True
+                    if c._abandoned:
+                        continue
                     self._delivered += c._book_size
                     if newest is None or c._sent_time >= newest._sent_time:
                         newest = c
@@ -263,13 +267,13 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     if hi >= 0:
         reo_wnd = (self._min_rtt or 0.0) / 4
         rack = self._rack_time - reo_wnd
-        for c in list(itertools.islice(q, 0, hi)):
+        for i, c in enumerate(list(itertools.islice(q, 0, hi))):
             if c._acked or c._retransmit or c._abandoned:
                 continue
             if c._sent_time < rack:
                 st.rack_losses += 1
                 lost_bytes += _lose(self, c) or 1
-            elif c._sent_count == 1 and newest is not None:
+            elif c._sent_count == 1 and i < hi_new:
                 c._misses += 1
                 if c._misses >= DUPTHRESH:
                     st.fast_retransmits += 1
@@ -402,6 +406,8 @@ async def _transmit(self: Any) -> None:
 
 
 def _first_send(self: Any, c: Any, now: float) -> None:
+    if len(self._sent_queue) == 1:
+        self._last_progress = now  # a new flight: the peer's silence counts from here
     self._flight_size_increase(c)
     c._sent_count += 1
     c._sent_time = now

@@ -27,6 +27,7 @@ from .channel import FramedChannel, RateLimiter, TrafficCounter
 from .descriptions import SignedDescription, sign_description, verify_description
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .identity import Identity
+from .patches import set_congestion_control
 from .rpc import Handlers, RpcEndpoint
 from .signaling_protocol import IceServer
 
@@ -49,6 +50,7 @@ class LinkConfig:
     upload: RateLimiter | None = None  # shared by every link: the node's upload cap
     download: RateLimiter | None = None
     on_traffic: TrafficCounter | None = None  # (sent, received) bytes, for the monthly data cap
+    congestion_control: str | None = None  # "bbr" or "cubic" (engine/p2p/patches); None: the default
 
     def rtc_configuration(self) -> RTCConfiguration:
         servers = [
@@ -104,6 +106,8 @@ class Link:
             on_failure=self._failed,
         )
         early.hand_over(channel, self.rpc.channel._on_frame)
+        if config.congestion_control and pc.sctp:
+            set_congestion_control(pc.sctp, config.congestion_control)
         pc.on("connectionstatechange", self._state_changed)
 
     @property

@@ -10,7 +10,8 @@ Commands run concurrently (a call may be in flight while another command runs):
   ``connect_ms`` (dial time, null when a link was reused), ``types`` ([local, remote] candidate types of
   the link's nominated pair) or ``error`` ("ClassName: message")
 - ``{"cmd":"bench","peer":ID,"bytes":TOTAL,"chunk":N,"timeout":T}`` -> ``MBps`` over ``sink`` calls
-- ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T}``
+- ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T,"cc":C}``
+  (``cc``: the TCP congestion controller pinned on the socket, e.g. cubic or bbr; the reply names it)
   -> a plain TCP stream between the same namespaces, for comparison (``MBps``)
 - ``{"cmd":"links"}`` -> every link: remote, usable, state, types; ``{"cmd":"ice"}`` -> ICE servers in use
 - ``{"cmd":"drop_links"}`` closes every link (the next call dials again)
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 import time
 from typing import Any
@@ -157,7 +159,13 @@ class Node:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(cmd["host"], int(cmd["port"]))
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                want = str(cmd.get("cc", "cubic")).encode()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, want)
+                cc = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, (cmd["host"], int(cmd["port"])))
+                reader, writer = await asyncio.open_connection(sock=sock)
                 started = time.monotonic()
                 for _ in range(total // len(block)):
                     writer.write(block)
@@ -168,7 +176,7 @@ class Node:
         except Exception as e:
             return {"ok": False, "error": _error(e)}
         seconds = time.monotonic() - started
-        return {"ok": got == total, "bytes": got, "s": seconds, "MBps": got / seconds / 1e6}
+        return {"ok": got == total, "bytes": got, "s": seconds, "MBps": got / seconds / 1e6, "cc": cc}
 
     async def turn_probe(self) -> dict[str, Any]:
         """Allocate on each TURN server in use with the current credentials and say how it went.

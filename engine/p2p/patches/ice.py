@@ -1,4 +1,4 @@
-"""aioice changes: prefer direct paths over relayed ones, remember why TURN failed, demux DTLS first.
+"""aioice changes: prefer direct paths, remember why TURN failed, demux DTLS first, bigger UDP buffers.
 
 **Direct paths first.** The controlling ICE agent gives direct pairs a head start over relayed ones.
 
@@ -19,6 +19,8 @@ the connection layer to put into its error ("TURN refused: 401 Unauthorized").
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections import deque
 from typing import Any
@@ -92,3 +94,20 @@ def datagram_received(self: Any, data: Any, addr: Any) -> None:
         self.receiver.data_received(data, self.local_candidate.component)
         return
     _stock_datagram_received(self, data, addr)
+
+
+# --- a larger UDP receive buffer ------------------------------------------------------------------
+
+# A node's event loop stalls now and then (a GPU batch, a busy desktop); the kernel's default UDP
+# buffer (208 KiB on Linux, about 180 packets) then overflows and the sender sees loss that no network
+# caused. Best effort: the kernel caps it (net.core.rmem_max), and nothing on the wire changes.
+UDP_RECEIVE_BUFFER = 4 << 20
+_stock_connection_made = ice.StunProtocol.connection_made
+
+
+def connection_made(self: Any, transport: Any) -> None:
+    _stock_connection_made(self, transport)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)

@@ -175,6 +175,12 @@ PATCHES: tuple[Patch, ...] = (
         ice.datagram_received,
     ),
     Patch(
+        "aioice.ice.StunProtocol.connection_made",
+        "dfdd2f61ea4b54d94b112d6009397f05794d1b278ea9e786781cabc52c1bcd4b",
+        "ice",
+        ice.connection_made,
+    ),
+    Patch(
         "aioice.ice.Connection.check_start",
         "7de056d252f46a155c8b9c2061077360d2aa6b0dc0ca7f4f5a4fa2fec2417bca",
         "ice",

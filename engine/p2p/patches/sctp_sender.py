@@ -11,8 +11,8 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
   waiting for the RTO.
 - **PRR** (RFC 6937): during recovery the sender sends in proportion to what is delivered, ending near
   the controller's ``ssthresh`` instead of stalling and then bursting.
-- **Tail-loss probe** (RFC 8985 section 7): 2 x SRTT after the last SACK with data outstanding (+200 ms
-  with a single packet, the worst delayed SACK), one chunk is sent (new data, else the highest TSN), so
+- **Tail-loss probe** (RFC 8985 section 7): 2 x SRTT after the last SACK with data outstanding (+50 ms
+  with a single packet, for a delayed SACK), one chunk is sent (new data, else the highest TSN), so
   an RPC whose last packet was lost completes after about one RTT plus the probe time, not an RTO.
 - **RTO** between :data:`RTO_MIN` and :data:`RTO_MAX`, doubled on every T3 expiry (RFC 9260 6.3.3 E2).
   After :data:`MAX_RETRANS` consecutive expiries without any SACK, or :data:`ASSOCIATION_TIMEOUT` s,
@@ -53,8 +53,11 @@ MAX_RETRANS = 10  # Association.Max.Retrans
 ASSOCIATION_TIMEOUT = 30.0
 RECEIVE_WINDOW = 4 << 20  # the most a peer may send beyond what we delivered (Chromium: 5 MiB)
 DUPTHRESH = 3
-WORST_DELAYED_SACK = 0.2
-PACING_BURST_S = 0.004  # token bucket depth: asyncio timers are ~1 ms coarse
+# Added to the probe timeout when one packet is outstanding, for the peer's delayed SACK. RFC 8985 says
+# 200 ms (TCP); SACK delays are 0 (stock aiortc) or 20 ms (ours), and a probe that comes too early
+# costs one packet, one that comes late costs every RPC whose tail was lost that much latency.
+WORST_DELAYED_SACK = 0.05
+PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire late
 DEFAULT_CONTROLLER = "cubic"
 
 _MTU = sctp.USERDATA_MAX_LENGTH
@@ -252,7 +255,10 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     if newest is not None:
         if newest._sent_count == 1:
             self._update_rto(now - newest._sent_time)
-        if newest._sent_time > self._rack_time:
+        # A retransmitted chunk acked sooner than min RTT after its last send was the original's
+        # arrival: its send time says nothing about what else is delivered (RFC 8985 step 2).
+        ambiguous = newest._sent_count > 1 and now - newest._sent_time < (self._min_rtt or 0.0)
+        if newest._sent_time > self._rack_time and not ambiguous:
             self._rack_time = newest._sent_time
         interval = now - newest._del_t
         if interval > 0 and not newest._app_limited:
@@ -451,6 +457,9 @@ def _tlp_expired(self: Any) -> None:
 
 async def _send_probe(self: Any) -> None:
     now = time.monotonic()
+    if not self._sent_queue:
+        return
+    self._t3_restart()  # the retransmission timer counts from the probe (RFC 8985 section 7.3)
     if self._outbound_queue and (self._peer_rwnd or 0) >= self._outbound_queue[0]._book_size:
         c = self._outbound_queue.popleft()
         self._sent_queue.append(c)

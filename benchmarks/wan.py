@@ -221,7 +221,7 @@ def main() -> int:
     if os.geteuid() != 0 or shutil.which("tc") is None:
         print("benchmarks/wan.py needs root, iproute2 (tc) and iptables", file=sys.stderr)
         return 2
-    duration = 6.0 if args.quick else args.duration
+    duration = 5.0 if args.quick else args.duration
     controllers = (DEFAULT_CC,) if args.quick else CONTROLLERS
     losses = [float(x) for x in args.losses.split(",")]
     load = os.getloadavg()
@@ -258,7 +258,7 @@ def main() -> int:
                       f"tcp cubic {t['MBps']:.2f} MB/s", flush=True)  # fmt: skip
     finally:
         path.close()
-    tail = tail_calls(20 if args.quick else 100, args.rtt_ms)
+    tail = tail_calls(12 if args.quick else 100, args.rtt_ms)
     print(f"tail calls (in memory): {tail}", flush=True)
 
     def med(key: str) -> float | None:

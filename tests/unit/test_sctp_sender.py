@@ -285,3 +285,20 @@ async def test_rtt_tail_call_recovers_without_rto() -> None:
         await b.stop()
     st = patches.transport_stats(a)
     assert dropped and st["tlp_probes"] >= 1 and st["rto_expiries"] == 0
+
+
+async def test_controller_is_chosen_per_association_and_by_default() -> None:
+    t, _ = _sender()
+    assert patches.transport_stats(t)["cc"] == sctp_sender.DEFAULT_CONTROLLER
+    t._cc.cwnd = 37 * MTU
+    patches.set_congestion_control(t, "cubic")
+    assert patches.transport_stats(t)["cc"] == "cubic" and t._cc.cwnd == 37 * MTU
+    with pytest.raises(ValueError):
+        patches.set_congestion_control(t, "vegas")
+    previous = sctp_sender.DEFAULT_CONTROLLER
+    try:
+        patches.set_default_congestion_control("cubic")
+        assert patches.transport_stats(_sender()[0])["cc"] == "cubic"
+    finally:
+        patches.set_default_congestion_control(previous)
+    assert patches.transport_stats(StockTransport(FakeDtls("client"))) == {}  # type: ignore[arg-type]

@@ -23,6 +23,7 @@ INITIAL_WINDOW_PACKETS = 10  # RFC 6928 / Chromium dcSCTP; RFC 9260 allows 4
 
 class Controller(Protocol):
     name: str
+    model_based: bool  # True: fed every ack, recovery included (its model, not loss, sets the window)
     cwnd: int
     ssthresh: int
     pacing_rate: float | None
@@ -51,6 +52,7 @@ class Cubic:
     """RFC 9438, in segments of ``mtu`` bytes internally, bytes outside."""
 
     name = "cubic"
+    model_based = False
     C = 0.4
     BETA = 0.7
     ALPHA = 3 * (1 - BETA) / (1 + BETA)
@@ -124,6 +126,7 @@ class BbrLite:
     """Delivery rate x min RTT, paced; 2x BDP in flight; an in-flight bound cut on heavy loss."""
 
     name = "bbr"
+    model_based = True
     STARTUP_GAIN = 2.885
     CWND_GAIN = 2.0
     CYCLE = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)

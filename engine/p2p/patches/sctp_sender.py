@@ -58,7 +58,7 @@ DUPTHRESH = 3
 # costs one packet, one that comes late costs every RPC whose tail was lost that much latency.
 WORST_DELAYED_SACK = 0.05
 PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire late
-DEFAULT_CONTROLLER = "cubic"
+DEFAULT_CONTROLLER = "bbr"  # benchmarks/wan.py: the best under random loss (see ARCHITECTURE.md)
 
 _MTU = sctp.USERDATA_MAX_LENGTH
 _MOD = sctp.SCTP_TSN_MODULO
@@ -112,6 +112,7 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     self._min_rtt = None
     self._delivered = 0
     self._delivered_time = now
+    self._first_sent_time = now  # send time of the chunk most recently delivered
     self._next_round = 0
     self._app_limited_until = 0
     self._t3_failures = 0
@@ -260,7 +261,9 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
         ambiguous = newest._sent_count > 1 and now - newest._sent_time < (self._min_rtt or 0.0)
         if newest._sent_time > self._rack_time and not ambiguous:
             self._rack_time = newest._sent_time
-        interval = now - newest._del_t
+        # max(ack interval, send interval): a burst of SACKs after a stall must not look like bandwidth
+        interval = max(now - newest._del_t, newest._sent_time - newest._first_t)
+        self._first_sent_time = newest._sent_time
         if interval > 0 and not newest._app_limited:
             rate = (self._delivered - newest._del) / interval
         if newest._del >= self._next_round:
@@ -298,6 +301,8 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             self._fr_first = True
             cc.on_congestion_event(now, flight_before)
             st.recoveries += 1
+    if delivered and (cc.model_based or not self._in_recovery):
+        cc.on_ack(delivered, now, self._srtt, self._min_rtt, cwnd_limited, rate, new_round)
     if self._in_recovery:
         self._prr_delivered += delivered
         pipe, ssthresh = self._flight_size, cc.ssthresh
@@ -306,8 +311,6 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
         else:
             quota = min(ssthresh - pipe, max(self._prr_delivered - self._prr_out, delivered) + _MTU)
         self._prr_quota = max(quota, 0)
-    elif delivered:
-        cc.on_ack(delivered, now, self._srtt, self._min_rtt, cwnd_limited, rate, new_round)
     self._cwnd = cc.cwnd
     self._peer_rwnd = max(0, chunk.advertised_rwnd - self._flight_size)
 
@@ -419,6 +422,7 @@ def _first_send(self: Any, c: Any, now: float) -> None:
     c._sent_time = now
     c._del = self._delivered
     c._del_t = self._delivered_time
+    c._first_t = self._first_sent_time
     c._app_limited = self._delivered < self._app_limited_until
 
 

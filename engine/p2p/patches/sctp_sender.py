@@ -15,6 +15,8 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
   with a single packet, for a delayed SACK), one chunk is sent (new data, else the highest TSN), so
   an RPC whose last packet was lost completes after about one RTT plus the probe time, not an RTO.
 - **RTO** between :data:`RTO_MIN` and :data:`RTO_MAX`, doubled on every T3 expiry (RFC 9260 6.3.3 E2).
+  The first expiry resends only the earliest chunk (F-RTO, RFC 5682, in spirit: on a stalled receiver
+  most RTOs are spurious); RACK then finds the rest if it was lost; a second expiry resends everything.
   After :data:`MAX_RETRANS` consecutive expiries without any SACK, or :data:`ASSOCIATION_TIMEOUT` s,
   the association is aborted (a peer that never SACKs), so callers see the channel close.
 - **The peer's receive window** bounds new data (RFC 9260 6.1 A/B): rwnd = a_rwnd - outstanding, minus
@@ -253,6 +255,7 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     delivered = self._delivered - delivered_before
     rate = None
     new_round = False
+    ambiguous = True
     if newest is not None:
         if newest._sent_count == 1:
             self._update_rto(now - newest._sent_time)
@@ -273,10 +276,12 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
 
     # loss detection: dupthresh for first transmissions, RACK time order for everything
     lost_bytes = 0
-    if hi >= 0:
+    # A delivered retransmission (after an RTO: see _t3_expired) makes everything sent before it suspect.
+    scan = len(q) if newest is not None and newest._sent_count > 1 and not ambiguous else hi
+    if scan > 0:
         reo_wnd = (self._min_rtt or 0.0) / 4
         rack = self._rack_time - reo_wnd
-        for i, c in enumerate(list(itertools.islice(q, 0, hi))):
+        for i, c in enumerate(list(itertools.islice(q, 0, scan))):
             if c._acked or c._retransmit or c._abandoned:
                 continue
             if c._sent_time < rack:
@@ -499,14 +504,24 @@ def _t3_expired(self: Any) -> None:
         )
         _spawn(_give_up(self))
         return
-    renege = self._t3_failures >= 2  # the peer may have dropped gap-acked chunks: resend those too
-    for c in self._sent_queue:
-        if c._acked and not renege:
-            continue
-        c._acked = False
-        if not self._maybe_abandon(c):
-            c._retransmit = True
-        self._flight_size_decrease(c)
+    q = self._sent_queue
+    if self._t3_failures == 1:
+        # First expiry: resend only the earliest chunk (F-RTO, RFC 5682, in spirit). A stalled receiver
+        # or path makes this RTO spurious more often than not, and marking the whole window would send
+        # it all again; if the rest was really lost, RACK finds it once the resent chunk is acked.
+        for c in q:
+            if not c._acked and not c._abandoned:
+                _lose(self, c)
+                break
+    else:
+        renege = self._t3_failures >= 3  # the peer may have dropped gap-acked chunks: resend those too
+        for c in q:
+            if c._acked and not renege:
+                continue
+            c._acked = False
+            if not self._maybe_abandon(c):
+                c._retransmit = True
+            self._flight_size_decrease(c)
     self._rtx_pending = True
     self._update_advanced_peer_ack_point()
     self._in_recovery = False

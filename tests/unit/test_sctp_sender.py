@@ -302,3 +302,29 @@ async def test_controller_is_chosen_per_association_and_by_default() -> None:
     finally:
         patches.set_default_congestion_control(previous)
     assert patches.transport_stats(StockTransport(FakeDtls("client"))) == {}  # type: ignore[arg-type]
+
+
+async def test_first_rto_resends_one_chunk_and_detects_a_spurious_timeout() -> None:
+    t, dtls = _sender()
+    await t._send(1, 53, b"x" * (MTU * 10))
+    t._t3_cancel()
+    t._t3_expired()
+    await _until(lambda: _count(dtls, FIRST) == 2)
+    assert all(_count(dtls, FIRST + i) == 1 for i in range(1, 10))  # not the whole window
+    await t._receive_sack_chunk(_sack(FIRST + 9))  # everything had arrived: the peer was only slow
+    st = patches.transport_stats(t)
+    assert st["spurious_rtos"] == 1 and st["retransmissions"] == 1
+    _close(t)
+
+
+async def test_first_rto_then_only_the_resent_chunk_acked_resends_the_rest() -> None:
+    t, dtls = _sender()
+    await t._send(1, 53, b"x" * (MTU * 10))
+    t._t3_cancel()
+    t._t3_expired()
+    await _until(lambda: _count(dtls, FIRST) == 2)
+    await t._receive_sack_chunk(_sack(FIRST))  # only the resent chunk arrived: the window was lost
+    assert all(c._retransmit or _count(dtls, c.tsn) == 2 for c in t._sent_queue)
+    assert _count(dtls, FIRST + 1) == 2
+    assert patches.transport_stats(t)["spurious_rtos"] == 0
+    _close(t)

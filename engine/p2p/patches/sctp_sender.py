@@ -80,6 +80,7 @@ class SenderStats:
     tlp_probes: int = 0
     recoveries: int = 0
     rto_expiries: int = 0
+    spurious_rtos: int = 0  # RTOs whose first SACK acknowledged chunks sent before them (F-RTO)
     forged_acks: int = 0  # SACKs acknowledging TSNs never sent (ignored)
     bad_gap_blocks: int = 0
     rwnd_limited: int = 0  # times new data waited for the peer's receive window
@@ -118,6 +119,7 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     self._next_round = 0
     self._app_limited_until = 0
     self._t3_failures = 0
+    self._frto_tsn = None  # chunk resent by the first RTO, until the next SACK
     self._last_progress = now
     self._tlp_deadline = 0.0
     self._tlp_handle = None
@@ -216,11 +218,14 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     progressed = cum != self._last_sacked_tsn
     self._last_sacked_tsn = cum
     newest: Any = None  # the most recently sent chunk this SACK delivered
+    n_new = 0  # chunks this SACK newly delivered
+    frto = self._frto_tsn
 
     while q and _gte(cum, q[0].tsn):
         c = q.popleft()
         if not c._acked and not c._abandoned:
             self._delivered += c._book_size
+            n_new += 1
             if newest is None or c._sent_time >= newest._sent_time:
                 newest = c
         self._flight_size_decrease(c)
@@ -245,6 +250,7 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
                     if c._abandoned:
                         continue
                     self._delivered += c._book_size
+                    n_new += 1
                     if newest is None or c._sent_time >= newest._sent_time:
                         newest = c
                 self._flight_size_decrease(c)
@@ -261,7 +267,9 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             self._update_rto(now - newest._sent_time)
         # A retransmitted chunk acked sooner than min RTT after its last send was the original's
         # arrival: its send time says nothing about what else is delivered (RFC 8985 step 2).
-        ambiguous = newest._sent_count > 1 and now - newest._sent_time < (self._min_rtt or 0.0)
+        ambiguous = newest._sent_count > 1 and (
+            now - newest._sent_time < (self._min_rtt or 0.0) or newest.tsn == frto
+        )
         if newest._sent_time > self._rack_time and not ambiguous:
             self._rack_time = newest._sent_time
         # max(ack interval, send interval): a burst of SACKs after a stall must not look like bandwidth
@@ -276,6 +284,19 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
 
     # loss detection: dupthresh for first transmissions, RACK time order for everything
     lost_bytes = 0
+    if frto is not None and n_new:
+        # The first SACK after an RTO resend (F-RTO, RFC 5682): if it acknowledges chunks sent before
+        # the RTO, the timeout was spurious (a stalled peer or path) and nothing more is resent; if
+        # only the resent chunk, the rest of the window was lost: resend it as RFC 9260 does.
+        self._frto_tsn = None
+        ambiguous = True  # the resent chunk's send time says nothing about the rest
+        only_resent = n_new == 1 and not _gt(frto, cum) and newest is not None and newest.tsn == frto
+        if only_resent:
+            for c in q:
+                if not c._acked and not c._retransmit and not c._abandoned:
+                    lost_bytes += _lose(self, c) or 1
+        else:
+            st.spurious_rtos += 1
     # A delivered retransmission (after an RTO: see _t3_expired) makes everything sent before it suspect.
     scan = len(q) if newest is not None and newest._sent_count > 1 and not ambiguous else hi
     if scan > 0:
@@ -512,8 +533,10 @@ def _t3_expired(self: Any) -> None:
         for c in q:
             if not c._acked and not c._abandoned:
                 _lose(self, c)
+                self._frto_tsn = c.tsn
                 break
     else:
+        self._frto_tsn = None
         renege = self._t3_failures >= 3  # the peer may have dropped gap-acked chunks: resend those too
         for c in q:
             if c._acked and not renege:

@@ -110,6 +110,14 @@ def test_changed_source_runs_stock(uninstalled: Any, monkeypatch: pytest.MonkeyP
     assert not patches.installed("sctp")
 
 
+def test_frozen_bundle_without_sources_trusts_the_version_pin(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "source_sha256", lambda obj: None)  # PyInstaller ships no .py
+    assert registry.verify() == {"hosts": [], "sctp": [], "ice": []}
+    monkeypatch.setattr(registry, "PINNED", {"aiortc": "0.0.1", "aioice": "0.13.0"})
+    problems = registry.verify()
+    assert problems["sctp"] and problems["ice"] and problems["hosts"]
+
+
 async def test_stock_fallback_still_moves_data(uninstalled: Any) -> None:
     sent, received, _, _ = await run_pair(loss=0.02, n=10, size=20_000)
     assert received == sent

@@ -328,3 +328,13 @@ async def test_first_rto_then_only_the_resent_chunk_acked_resends_the_rest() -> 
     assert _count(dtls, FIRST + 1) == 2
     assert patches.transport_stats(t)["spurious_rtos"] == 0
     _close(t)
+
+
+async def test_duplicate_reports_widen_the_reordering_window() -> None:
+    t, _ = _sender()
+    await t._send(1, 53, b"x" * (MTU * 10))
+    sack = _sack(FIRST + 2)
+    sack.duplicates = [FIRST, FIRST + 1]  # the peer got these twice: we resent them needlessly
+    await t._receive_sack_chunk(sack)
+    assert t._reo_mult == 2 and patches.transport_stats(t)["duplicates_reported"] == 2
+    _close(t)

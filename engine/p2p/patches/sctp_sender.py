@@ -8,7 +8,7 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
 - **Fast retransmit once**: a chunk missed by 3 SACKs that newly ack later TSNs is retransmitted, once.
 - **RACK** (RFC 8985, time order): a chunk (a retransmission included) is lost when a chunk sent more
   than ``min_rtt / 4`` after it has been delivered. That is how a lost retransmission is found without
-  waiting for the RTO.
+  waiting for the RTO. SACK duplicate reports (our needless resends) widen that window (RFC 8985 6.2).
 - **PRR** (RFC 6937): during recovery the sender sends in proportion to what is delivered, ending near
   the controller's ``ssthresh`` instead of stalling and then bursting.
 - **Tail-loss probe** (RFC 8985 section 7): 2 x SRTT after the last SACK with data outstanding (+50 ms
@@ -80,6 +80,7 @@ class SenderStats:
     tlp_probes: int = 0
     recoveries: int = 0
     rto_expiries: int = 0
+    duplicates_reported: int = 0  # TSNs the peer got twice (RFC 9260 SACK duplicates: our spurious resends)
     spurious_rtos: int = 0  # RTOs whose first SACK acknowledged chunks sent before them (F-RTO)
     forged_acks: int = 0  # SACKs acknowledging TSNs never sent (ignored)
     bad_gap_blocks: int = 0
@@ -112,6 +113,8 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     self._prr_quota = 0
     self._fr_first = False  # the first retransmission of a recovery goes regardless of cwnd
     self._rack_time = 0.0  # latest send time of a delivered chunk
+    self._reo_mult = 1  # reordering window in quarters of the min RTT, widened by duplicate reports
+    self._reo_persist = 0
     self._min_rtt = None
     self._delivered = 0
     self._delivered_time = now
@@ -267,9 +270,9 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             self._update_rto(now - newest._sent_time)
         # A retransmitted chunk acked sooner than min RTT after its last send was the original's
         # arrival: its send time says nothing about what else is delivered (RFC 8985 step 2).
-        ambiguous = newest._sent_count > 1 and (
-            now - newest._sent_time < (self._min_rtt or 0.0) or newest.tsn == frto
-        )
+        # (RFC 8985 uses min RTT; with a queue at a stalled receiver half the smoothed RTT is safer.)
+        soon = max(self._min_rtt or 0.0, (self._srtt or 0.0) / 2)
+        ambiguous = newest._sent_count > 1 and (now - newest._sent_time < soon or newest.tsn == frto)
         if newest._sent_time > self._rack_time and not ambiguous:
             self._rack_time = newest._sent_time
         # max(ack interval, send interval): a burst of SACKs after a stall must not look like bandwidth
@@ -299,8 +302,12 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             st.spurious_rtos += 1
     # A delivered retransmission (after an RTO: see _t3_expired) makes everything sent before it suspect.
     scan = len(q) if newest is not None and newest._sent_count > 1 and not ambiguous else hi
+    if chunk.duplicates:  # DSACK: something was resent needlessly, so wait longer before the next
+        st.duplicates_reported += len(chunk.duplicates)
+        self._reo_mult = min(self._reo_mult + 1, 16)
+        self._reo_persist = 16
     if scan > 0:
-        reo_wnd = (self._min_rtt or 0.0) / 4
+        reo_wnd = min((self._min_rtt or 0.0) / 4 * self._reo_mult, self._srtt or 1.0)
         rack = self._rack_time - reo_wnd
         for i, c in enumerate(list(itertools.islice(q, 0, scan))):
             if c._acked or c._retransmit or c._abandoned:
@@ -327,6 +334,9 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
             self._fr_first = True
             cc.on_congestion_event(now, flight_before)
             st.recoveries += 1
+            self._reo_persist -= 1
+            if self._reo_persist <= 0:
+                self._reo_mult = 1  # 16 recoveries without a duplicate report: back to min RTT / 4
     if delivered and (cc.model_based or not self._in_recovery):
         cc.on_ack(delivered, now, self._srtt, self._min_rtt, cwnd_limited, rate, new_round)
     if self._in_recovery:

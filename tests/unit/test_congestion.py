@@ -86,3 +86,13 @@ def test_bbr_pacing_never_starves_below_the_initial_window() -> None:
     cc = congestion.BbrLite(MTU)
     _feed_bbr(cc, 10.0, 0.05, 5)  # absurdly low samples (tiny messages at start-up)
     assert cc.pacing_rate is not None and cc.pacing_rate >= 10 * MTU / 0.05 / 3
+
+
+def test_bbr_backs_off_when_its_queue_stands() -> None:
+    """A bandwidth estimate inflated by bursty acks keeps a queue: SRTT far above the min RTT."""
+    cc = congestion.BbrLite(MTU)
+    now = 0.0
+    for _ in range(60):
+        cc.on_ack(int(4e6 * 0.05), now, 0.2, 0.05, True, 4e6, True)  # SRTT 200 ms, min RTT 50 ms
+        now += 0.05
+    assert cc.cwnd < 0.8 * 2 * 200_000

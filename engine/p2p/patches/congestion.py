@@ -8,9 +8,10 @@ Nothing here is visible on the wire: any controller interoperates with every SCT
 - :class:`Cubic`: RFC 9438 (TCP's default on Linux), with its Reno-friendly region and fast convergence.
 - :class:`BbrLite`: BBR-style: the bottleneck rate (max filter over 10 rounds) and the min RTT set the
   pacing rate and an in-flight cap of 2x the BDP; unlike BBRv1 it also cuts an in-flight bound when
-  more than :data:`BbrLite.LOSS_THRESH` of the bytes of a loss window (at least 256 packets) are
-  lost, so it does not flatten a home uplink that a loss-based flow shares. (No PROBE_RTT phase: the
-  min RTT simply expires after 10 s.)
+  more than :data:`BbrLite.LOSS_THRESH` of the bytes of a loss window (256 packets or more) are
+  lost, or when the smoothed RTT exceeds 3x the min RTT (a bandwidth estimate inflated by a receiver
+  that acks in bursts), so it does not flatten a home uplink that a loss-based flow shares. (No
+  PROBE_RTT phase: the min RTT simply expires after 10 s.)
 """
 
 from __future__ import annotations
@@ -132,7 +133,8 @@ class BbrLite:
     CYCLE = (1.25, 0.75, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
     BW_WINDOW_ROUNDS = 10
     MIN_RTT_WINDOW_S = 10.0
-    LOSS_THRESH = 0.03  # of the bytes sent in a loss window: above it, the in-flight bound is cut
+    LOSS_THRESH = 0.02  # of the bytes sent in a loss window: above it, the in-flight bound is cut (BBRv2)
+    QUEUE_RTT_FACTOR = 3.0  # SRTT this many min RTTs: a standing queue 2x BDP cannot explain
     LOSS_WINDOW_PACKETS = 256  # packets per loss-rate estimate (a 40-packet round is too noisy)
     BETA = 0.7
 
@@ -153,6 +155,7 @@ class BbrLite:
         self.inflight_hi = float("inf")
         self.round_lost = 0
         self.round_delivered = 0
+        self.srtt: float | None = None
 
     @property
     def btl_bw(self) -> float:
@@ -178,6 +181,7 @@ class BbrLite:
         if rate is not None and rate > self.round_max:
             self.round_max = rate
         self.round_delivered += acked
+        self.srtt = srtt
         if new_round:
             self._end_round(now)
         bw, bdp = self.btl_bw, self._bdp()
@@ -208,7 +212,7 @@ class BbrLite:
         self.round_max, self.round_lost, self.round_delivered = 0.0, 0, 0
         if lost + delivered < self.LOSS_WINDOW_PACKETS * self.mtu:
             self.round_lost, self.round_delivered = lost, delivered  # keep counting
-        elif lost > self.LOSS_THRESH * (lost + delivered):
+        elif lost > self.LOSS_THRESH * (lost + delivered) or self._queue_standing():
             self.inflight_hi = max(self.cwnd * self.BETA, 4 * self.mtu)
             if self.state == "startup":
                 self.state = "drain"
@@ -224,6 +228,11 @@ class BbrLite:
                 self.full_bw_rounds += 1
                 if self.full_bw_rounds >= 3:
                     self.state = "drain"
+
+    def _queue_standing(self) -> bool:
+        """The bandwidth estimate is too high (a CPU-starved receiver acking in bursts): the queue it
+        builds shows in the RTT long before the receiver's socket overflows."""
+        return bool(self.srtt and self.min_rtt and self.srtt > self.QUEUE_RTT_FACTOR * self.min_rtt)
 
     def on_congestion_event(self, now: float, flight: int) -> None:
         self.ssthresh = self.cwnd  # no blind cut: the loss rate decides (see _end_round)

@@ -38,7 +38,7 @@ import torch
 from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer
 from engine.p2p.connection import close_quietly
 from engine.p2p.eventloop import run
-from engine.p2p.ice_stats import selected_addresses, selected_candidate_types
+from engine.p2p.ice_stats import selected_addresses, selected_candidate_types, transport_stats
 from engine.p2p.patches import install, pin_host_addresses
 from engine.wire import Kind, Message
 
@@ -80,6 +80,7 @@ class Node:
             "state": link.pc.connectionState,
             "types": selected_candidate_types(link.pc),
             "addrs": selected_addresses(link.pc),
+            "sctp": transport_stats(link.pc),  # retransmissions, recoveries, RTOs, srtt, cwnd, controller
         }
 
     async def call(self, cmd: dict[str, Any]) -> dict[str, Any]:

@@ -236,6 +236,7 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     hi = -1  # index in q of the highest chunk acked by a gap block
     hi_new = -1  # ... newly acked by this SACK (HTNA: only chunks below it are struck)
     if chunk.gaps and q:
+        bad_before = st.bad_gap_blocks
         head = (q[0].tsn - cum) % _MOD
         n = len(q)
         for start, end in chunk.gaps:
@@ -258,7 +259,7 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
                         newest = c
                 self._flight_size_decrease(c)
             hi = max(hi, b)
-        if st.bad_gap_blocks:
+        if st.bad_gap_blocks != bad_before:
             logger.debug("SACK with gap blocks out of range: %s (cum %d)", chunk.gaps, cum)
 
     delivered = self._delivered - delivered_before

@@ -1,7 +1,8 @@
 """Every change this project makes to aiortc's and aioice's behaviour, in one place.
 
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
-:mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver` and :mod:`.sctp_sender` hold the replacements;
+:mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
+:mod:`.sctp_timers`) hold the replacements;
 :mod:`.congestion` holds the pure congestion controllers the sender drives. :func:`install` is called
 explicitly once at process start (the ``lah`` CLI, tests' conftest, benchmarks), never by a
 constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or where a replaced

@@ -19,7 +19,7 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import hosts, ice, sctp_receiver, sctp_sender
+from . import hosts, ice, sctp_receiver, sctp_sender, sctp_timers
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 VERSIONED_GROUPS = ("sctp", "ice")  # written against PINNED; "hosts" only needs its hash to match
@@ -114,7 +114,7 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_t3_expired",
         "0e759bf4b1b2d8c8afa3d656a8f34839c974d0104cb66f895a9a9d266f6499af",
         "sctp",
-        _S._t3_expired,
+        sctp_timers.t3_expired,
     ),
     Patch(
         _T + "_update_rto",

@@ -135,8 +135,11 @@ class BbrLite:
     MIN_RTT_WINDOW_S = 10.0
     LOSS_THRESH = 0.02  # of the bytes sent in a loss window: above it, the in-flight bound is cut (BBRv2)
     QUEUE_RTT_FACTOR = 3.0  # SRTT this many min RTTs: a standing queue 2x BDP cannot explain
+    QUEUE_MIN_S = 0.02
     LOSS_WINDOW_PACKETS = 256  # packets per loss-rate estimate (a 40-packet round is too noisy)
     BETA = 0.7
+    PACING_MIN_RTT = 0.005
+    LAN_MIN_PACKETS = 128
 
     def __init__(self, mtu: int, cwnd: int | None = None) -> None:
         self.mtu = mtu
@@ -195,7 +198,10 @@ class BbrLite:
             self.cycle_at = now
         if self.min_rtt:  # never below the initial window per RTT (tiny samples at start-up)
             bw = max(bw, INITIAL_WINDOW_PACKETS * self.mtu / self.min_rtt)
-        self.pacing_rate = gain * bw if bw else None
+        # Pacing costs timers and smaller sends; below a few ms of RTT (loopback, LAN) the window alone
+        # keeps the queue short, so the sender goes ack-clocked there.
+        paced = bw and self.min_rtt is not None and self.min_rtt >= self.PACING_MIN_RTT
+        self.pacing_rate = gain * bw if paced else None
         if self.state == "startup":
             if cwnd_limited:
                 self.cwnd += acked  # doubles per round, like slow start
@@ -204,6 +210,10 @@ class BbrLite:
         elif bdp:
             self.cwnd = int(self.CWND_GAIN * bdp) + 4 * self.mtu
         self.cwnd = max(4 * self.mtu, int(min(self.cwnd, self.inflight_hi)))
+        if self.min_rtt is not None and self.min_rtt < self.PACING_MIN_RTT and self.state != "startup":
+            # Loopback or LAN: the BDP is a few packets, so the window would be host scheduling's
+            # ping-pong; a floor keeps sends batched (no home uplink to flatten here).
+            self.cwnd = max(self.cwnd, self.LAN_MIN_PACKETS * self.mtu)
         self.ssthresh = self.cwnd
 
     def _end_round(self, now: float) -> None:
@@ -232,7 +242,10 @@ class BbrLite:
     def _queue_standing(self) -> bool:
         """The bandwidth estimate is too high (a CPU-starved receiver acking in bursts): the queue it
         builds shows in the RTT long before the receiver's socket overflows."""
-        return bool(self.srtt and self.min_rtt and self.srtt > self.QUEUE_RTT_FACTOR * self.min_rtt)
+        if not self.srtt or not self.min_rtt:
+            return False
+        queue = self.srtt - self.min_rtt  # more than scheduling noise (loopback: 0.2 vs 2 ms) too
+        return self.srtt > self.QUEUE_RTT_FACTOR * self.min_rtt and queue > self.QUEUE_MIN_S
 
     def on_congestion_event(self, now: float, flight: int) -> None:
         self.ssthresh = self.cwnd  # no blind cut: the loss rate decides (see _end_round)

@@ -101,7 +101,7 @@ async def _sender(conn: Connection, args: argparse.Namespace) -> dict[str, Any]:
         "wall": t1 - t0,
         "cpu_sender_send": c1 - c0,
         "sha_ok": ack["sha"] == digest.hexdigest(),
-        "sctp": {k: sctp[k] for k in ("retransmissions", "recoveries", "rto_expiries", "cc", "cwnd") if k in sctp},
+        "sctp": {k: v for k, v in sctp.items() if k in ("retransmissions", "rto_expiries", "cc")},
         **ack,
     }
 

@@ -125,10 +125,11 @@ async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_byte
 def _worker(index: int, ctl: Connection, url: str, n: int, probe_bytes: int) -> None:
     import torch
 
-    from engine.p2p import aiortc_patches, eventloop
+    from engine.p2p import eventloop, patches
 
     torch.set_num_threads(1)  # four peers on few cores: intra-op threads would only spin against each other
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
+    patches.pin_host_addresses(["127.0.0.1"])
+    patches.install(strict=True)
     eventloop.run(_worker_main(index, ctl, url, n, probe_bytes))
 
 

@@ -155,9 +155,10 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
 
 async def main_async(steps: int) -> dict[str, Any]:
     from coordinator.app import start
-    from engine.p2p.aiortc_patches import pin_host_addresses
+    from engine.p2p.patches import install, pin_host_addresses
 
     pin_host_addresses(["127.0.0.1"])
+    install(strict=True)
     data = load_digits_split()
     coordinator = await start("127.0.0.1", 0)
     try:

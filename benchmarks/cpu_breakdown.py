@@ -30,10 +30,10 @@ from pathlib import Path
 LAYERS: list[tuple[str, re.Pattern[str]]] = [
     (
         "sctp",
-        re.compile(r"aiortc/rtcsctptransport\.py|engine/p2p/(aiortc_sctp_fast|patches/sctp\w*)\.py|crc32c"),
+        re.compile(r"aiortc/rtcsctptransport\.py|engine/p2p/patches/(sctp\w*|congestion)\.py|crc32c"),
     ),
     ("dtls", re.compile(r"aiortc/rtcdtlstransport\.py|OpenSSL/|cryptography/|pylibsrtp")),
-    ("ice", re.compile(r"aioice/|aiortc/rtcicetransport\.py|engine/p2p/(aioice_patches|patches/ice)\.py")),
+    ("ice", re.compile(r"aioice/|aiortc/rtcicetransport\.py|engine/p2p/patches/ice\.py")),
     ("datachannel", re.compile(r"aiortc/rtcdatachannel\.py|pyee/")),
     ("framing", re.compile(r"engine/p2p/|engine/wire/|msgspec/")),
     ("loop", re.compile(r"asyncio/|uvloop|engine/p2p/eventloop\.py|engine/moe/loop_thread\.py")),

@@ -64,16 +64,10 @@ UID = "ffn.0.0"
 
 def _stack() -> None:
     """Loopback-only host candidates and the project's aiortc patches, as a node installs them."""
-    try:
-        from engine.p2p import patches  # type: ignore[attr-defined,unused-ignore]
+    from engine.p2p import patches
 
-        patches.pin_host_addresses(["127.0.0.1"])
-        patches.install(strict=True)
-    except ImportError:
-        from engine.p2p import aiortc_patches
-
-        aiortc_patches.pin_host_addresses(["127.0.0.1"])
-        aiortc_patches.apply()
+    patches.pin_host_addresses(["127.0.0.1"])
+    patches.install(strict=True)
 
 
 def _spec(args: dict[str, Any]) -> Any:

@@ -8,7 +8,9 @@
    TCP stream between the same two namespaces, side by side.
 
 Prints a table and a final JSON line: pairs, connected, relayed, connect_ms_p50, connect_ms_p99, wan_MBps,
-wan_tcp_MBps (plus details). Usage: ``sudo .venv/bin/python -m benchmarks.nat_matrix [--wan-mib 8]``.
+wan_tcp_<controller>_MBps and wan_tcp_cc (TCP's congestion controller, pinned per socket: this machine's
+default is BBR, which new namespaces inherit, so an unnamed "TCP" figure would mislead).
+Usage: ``sudo .venv/bin/python -m benchmarks.nat_matrix [--wan-mib 8] [--tcp-cc cubic]``.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def main() -> int:
     parser.add_argument("--rtt-ms", type=float, default=50.0)
     parser.add_argument("--loss", type=float, default=0.001)
     parser.add_argument("--chunk-kib", type=int, default=4096, help="tensor bytes per call")
+    parser.add_argument("--tcp-cc", default="cubic", help="TCP congestion controller of the baseline")
     args = parser.parse_args()
     try:
         topology.check_available()
@@ -63,17 +66,22 @@ def main() -> int:
                     "port": 9000,
                     "bytes": args.tcp_mib << 20,
                     "timeout": 120,
+                    "cc": args.tcp_cc,
                 },
                 timeout=130,
             )
         wan = f"RTT +{args.rtt_ms:.0f} ms, loss {args.loss:.2%}, por1 -> pub1"
         call_mbps, tcp_mbps = bench.get("MBps", 0.0), tcp.get("MBps", 0.0)
-        print(f"WAN ({wan}): Peer.call {call_mbps:.2f} MB/s {bench.get('types')}, TCP {tcp_mbps:.2f} MB/s")
+        print(
+            f"WAN ({wan}): Peer.call {call_mbps:.2f} MB/s {bench.get('types')}, "
+            f"TCP {tcp.get('cc', args.tcp_cc)} {tcp_mbps:.2f} MB/s"
+        )
         if not bench["ok"] or not tcp["ok"]:
             print(f"WAN run failed: call {bench}, tcp {tcp}", file=sys.stderr)
         summary.update(
             wan_MBps=round(bench["MBps"], 3) if bench["ok"] else None,
-            wan_tcp_MBps=round(tcp["MBps"], 3) if tcp["ok"] else None,
+            wan_tcp_cc=tcp.get("cc", args.tcp_cc),
+            **{f"wan_tcp_{args.tcp_cc}_MBps": round(tcp["MBps"], 3) if tcp["ok"] else None},
             wan_path=wan,
             wan_call_types=bench.get("types"),
             matrix=[

@@ -27,19 +27,22 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MIB = 1 << 20
 
 
-def _setup(patched: bool, use_uvloop: bool, sender_fast: bool = True) -> asyncio.AbstractEventLoop:
-    from engine.p2p import aiortc_patches
+def _setup(
+    patched: bool, use_uvloop: bool, sender_fast: bool = True, cc: str | None = None
+) -> asyncio.AbstractEventLoop:
+    from engine.p2p import patches
+    from engine.p2p.patches import registry
 
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
+    patches.pin_host_addresses(["127.0.0.1"])
     if patched:
-        aiortc_patches.apply()
-        if not sender_fast:  # A/B: the earlier patch set, without the sender-side fast paths
+        patches.install(strict=True)
+        if cc:
+            patches.set_default_congestion_control(cc)
+        if not sender_fast:  # A/B: the receiver patches with aiortc's stock sender
             from aiortc.rtcsctptransport import RTCSctpTransport
 
-            from engine.p2p import aiortc_sctp_fast
-
-            for name in ("_receive_sack_chunk", "_transmit", "_t3_expired"):
-                original = aiortc_sctp_fast.ORIGINALS[f"aiortc.rtcsctptransport.RTCSctpTransport.{name}"]
+            for name in ("_receive_sack_chunk", "_transmit", "_t3_expired", "_update_rto"):
+                original = registry.ORIGINALS[f"aiortc.rtcsctptransport.RTCSctpTransport.{name}"]
                 setattr(RTCSctpTransport, name, original)
     if use_uvloop:
         import uvloop
@@ -91,7 +94,16 @@ async def _sender(conn: Connection, args: argparse.Namespace) -> dict[str, Any]:
     ack = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     t1 = time.perf_counter()
     await pc.close()
-    return {"wall": t1 - t0, "cpu_sender_send": c1 - c0, "sha_ok": ack["sha"] == digest.hexdigest(), **ack}
+    from engine.p2p.patches import transport_stats
+
+    sctp = transport_stats(pc.sctp) if pc.sctp else {}
+    return {
+        "wall": t1 - t0,
+        "cpu_sender_send": c1 - c0,
+        "sha_ok": ack["sha"] == digest.hexdigest(),
+        "sctp": {k: v for k, v in sctp.items() if k in ("retransmissions", "rto_expiries", "cc")},
+        **ack,
+    }
 
 
 async def _receiver(conn: Connection, args: argparse.Namespace) -> None:
@@ -139,7 +151,7 @@ def _run_profiled(loop: asyncio.AbstractEventLoop, coro: Any, path: str | None) 
 
 
 def _receiver_main(conn: Connection, args: argparse.Namespace) -> None:
-    loop = _setup(args.patched, args.uvloop, args.sender_fast)
+    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc)
     path = f"{args.profile}.receiver.prof" if args.profile else None
     _run_profiled(loop, _receiver(conn, args), path)
 
@@ -153,8 +165,12 @@ def main() -> None:
     p.add_argument("--msg-kib", type=int, default=256)
     p.add_argument("--mib", type=int, default=64)
     p.add_argument(
-        "--no-sender-fast", dest="sender_fast", action="store_false", help="A/B: patched minus SACK/transmit"
+        "--no-sender-fast",
+        dest="sender_fast",
+        action="store_false",
+        help="A/B: patched receiver, stock sender",
     )
+    p.add_argument("--cc", choices=["bbr", "cubic"], help="the patched sender's congestion controller")
     p.add_argument("--profile", metavar="PREFIX", help="cProfile both sides to PREFIX.{sender,receiver}.prof")
     args = p.parse_args()
 
@@ -162,7 +178,7 @@ def main() -> None:
     a, b = ctx.Pipe()
     proc = ctx.Process(target=_receiver_main, args=(b, args))
     proc.start()
-    loop = _setup(args.patched, args.uvloop, args.sender_fast)
+    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc)
     try:
         path = f"{args.profile}.sender.prof" if args.profile else None
         res = _run_profiled(loop, _sender(a, args), path)
@@ -176,6 +192,7 @@ def main() -> None:
         "patched": args.patched,
         "uvloop": args.uvloop,
         "sender_fast": args.patched and args.sender_fast,
+        "cc": args.cc,
         "msg_kib": args.msg_kib,
         "mib": args.mib,
         "mb_s": round(mb / res["wall"], 2),
@@ -183,6 +200,7 @@ def main() -> None:
         "cpu_receiver_s": round(res["cpu_receiver"], 3),
         "cpu_ms_per_mib": round(1000 * cpu / args.mib, 1),
         "intact": res["sha_ok"],
+        "sctp": res["sctp"],
     }
     print(json.dumps(out))
 

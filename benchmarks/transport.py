@@ -54,24 +54,17 @@ RAW_MSG = 64 << 10  # raw channel rows: 64 KiB messages, watermarks at 8 (pause)
 
 
 def _pin() -> None:
-    """Host candidates on 127.0.0.1 only (the patches module's path differs between versions)."""
-    try:
-        from engine.p2p.patches import pin_host_addresses  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from engine.p2p.aiortc_patches import pin_host_addresses  # type: ignore[no-redef,unused-ignore]
+    """Host candidates on 127.0.0.1 only."""
+    from engine.p2p.patches import pin_host_addresses
+
     pin_host_addresses(["127.0.0.1"])
 
 
 def _install_patches() -> None:
     """The project's aiortc/aioice patches, exactly as a node installs them."""
-    try:
-        from engine.p2p import patches  # type: ignore[attr-defined,unused-ignore]
+    from engine.p2p import patches
 
-        patches.install(strict=True)
-    except ImportError:
-        from engine.p2p import aiortc_patches
-
-        aiortc_patches.apply()
+    patches.install(strict=True)
 
 
 # -- (a) stock aiortc, and the like-for-like raw channel rows ---------------------------------------

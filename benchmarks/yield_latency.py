@@ -59,12 +59,11 @@ EXPERIMENT = ExperimentConfig(
 
 
 def _pin_loopback() -> None:
-    """Host candidates on 127.0.0.1 only (where the patches module lives differs between versions)."""
-    try:
-        from engine.p2p.patches import pin_host_addresses  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        from engine.p2p.aiortc_patches import pin_host_addresses  # type: ignore[no-redef,unused-ignore]
+    """Host candidates on 127.0.0.1 only, and the project's aiortc patches as a node installs them."""
+    from engine.p2p.patches import install, pin_host_addresses
+
     pin_host_addresses(["127.0.0.1"])
+    install(strict=True)
 
 
 class ShiftedIdle:

@@ -88,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
+    from engine.p2p.patches import install as install_transport_patches
+
+    install_transport_patches()  # every command runs the patched transport (stock if they do not match)
     if args.command == "self-test":
         return selftest.run(args)
     if args.command == "update":
@@ -99,7 +102,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return app_main(coordinator=args.coordinator, demo=args.demo)
     from engine.p2p import eventloop  # every other command runs the engine's event loop
-    from engine.p2p.aiortc_patches import pin_host_addresses
+    from engine.p2p.patches import pin_host_addresses
 
     if args.command == "demo-transport":
         from .demo_transport import demo_transport

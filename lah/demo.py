@@ -40,7 +40,7 @@ import torch
 
 from engine.moe import LoopThread
 from engine.p2p import Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import install, pin_host_addresses
 from engine.trainer import (
     Trainer,
     TrainerConfig,
@@ -141,6 +141,7 @@ def run_demo(
         raise ValueError("kill_at is for one trainer alone")
     torch.set_num_threads(1)  # tiny matrices: threads only contend (with the hosts' worker threads too)
     pin_host_addresses(["127.0.0.1"])
+    install()  # also run directly by benchmarks, not only through the lah CLI
     t_start = time.monotonic()
     loop = LoopThread("demo-loop")
     with tempfile.TemporaryDirectory(prefix="lah-demo-") as tmp_name:

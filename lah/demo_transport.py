@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import torch
 
 from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer, eventloop
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import pin_host_addresses
 from engine.wire import Compression, Kind, Message
 
 

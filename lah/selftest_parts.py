@@ -144,7 +144,7 @@ async def _loopback() -> str:
 
     from coordinator.app import start
     from engine.p2p import CallContext, Handlers, Identity, Peer
-    from engine.p2p.aiortc_patches import pin_host_addresses
+    from engine.p2p.patches import pin_host_addresses
     from engine.wire import Kind, Message
 
     pin_host_addresses(["127.0.0.1"])  # the test never leaves this machine

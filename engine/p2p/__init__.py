@@ -6,7 +6,7 @@ Layers, bottom up (each imports only those below it):
 - ``identity``: Ed25519 keys on disk; peer id = hash of the public key.
 - ``descriptions``: SDP offers/answers signed by the sender's identity key.
 - ``signaling_protocol`` / ``signaling``: the coordinator's WebSocket schema and its client.
-- ``aiortc_patches`` / ``eventloop``: the one place that changes aiortc's behaviour (pinned to its
+- ``patches`` (a package) / ``eventloop``: the one place that changes aiortc's behaviour (pinned to its
   version), host candidate pinning, and uvloop where the platform has it.
 - ``framing``: sans-I/O frames, credit window and the link's memory budget (``LinkMemory``);
   ``channel``: the same bound to a data channel.

@@ -30,6 +30,7 @@ from .descriptions import SignedDescription, sign_description, verify_descriptio
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .ice_servers import DEFAULT_PROBE, IceServerProbe
 from .identity import Identity
+from .patches import set_congestion_control
 from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, Handlers, RpcEndpoint
 from .signaling_protocol import IceServer
 
@@ -59,6 +60,7 @@ class LinkConfig:
     upload: RateLimiter | None = None  # shared by every link: the node's upload cap
     download: RateLimiter | None = None
     on_traffic: TrafficCounter | None = None  # (sent, received) bytes, for the monthly data cap
+    congestion_control: str | None = None  # "bbr" or "cubic" (engine/p2p/patches); None: the default
 
     def rtc_configuration(self, servers: Sequence[IceServer] | None = None) -> RTCConfiguration:
         chosen = self.ice_servers if servers is None else servers
@@ -128,6 +130,8 @@ class Link:
             on_failure=self._failed,
         )
         early.hand_over(channel, self.rpc.channel._on_frame)
+        if config.congestion_control and pc.sctp:
+            set_congestion_control(pc.sctp, config.congestion_control)
         pc.on("connectionstatechange", self._state_changed)
 
     @property

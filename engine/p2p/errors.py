@@ -8,6 +8,7 @@
     │   └── PeerMismatch         the remote end is not the peer id we asked for (key or DTLS fingerprint)
     ├── ProtocolError            the remote broke the framing or message rules; the link is dropped
     ├── ConnectionLost           the link closed while a call was waiting on it
+    ├── PatchMismatch            aiortc/aioice are not what engine/p2p/patches was written for (strict mode)
     └── RpcError                 a call failed
         ├── RpcTimeout           no answer within the call's timeout (also a TimeoutError)
         ├── RpcCancelled         the call was cancelled by either side
@@ -75,3 +76,7 @@ class RemoteError(RpcError):
 
 class UnknownMethod(RemoteError):
     pass
+
+
+class PatchMismatch(P2PError):
+    """aiortc/aioice differ from what the transport patches were written for (version or source)."""

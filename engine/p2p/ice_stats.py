@@ -1,7 +1,7 @@
-"""What ICE chose for a connection: the nominated candidate pair's types (host, srflx, prflx, relay).
+"""What ICE chose for a connection (the nominated pair's types) and how its SCTP sender is doing.
 
 aiortc exposes no selected-pair statistics for data channels, so this reads aioice's internals, pinned
-like everything else to aiortc 1.16.0 / aioice 0.13.0 (see :mod:`engine.p2p.aiortc_patches`):
+like everything else to aiortc 1.16.0 / aioice 0.13.0 (see :mod:`engine.p2p.patches`):
 ``RTCPeerConnection.sctp.transport`` (RTCDtlsTransport) ``.transport`` (RTCIceTransport)
 ``._connection`` (aioice Connection) ``._nominated[1]`` (CandidatePair of component 1).
 """
@@ -40,4 +40,14 @@ def selected_addresses(pc: Any) -> tuple[tuple[str, int], tuple[str, int]] | Non
     return (str(local.host), int(local.port)), (str(remote.host), int(remote.port))
 
 
-__all__ = ["nominated_pair", "selected_addresses", "selected_candidate_types"]
+def transport_stats(pc: Any) -> dict[str, Any]:
+    """The SCTP sender's counters and congestion state for a connection: retransmissions, recoveries,
+    RTO expiries, srtt, cwnd, the controller... ({} before the association exists or on stock aiortc).
+    For ``lah status``, link stats and the benchmarks."""
+    from .patches import transport_stats as sctp_stats
+
+    sctp = getattr(pc, "sctp", None)
+    return sctp_stats(sctp) if sctp is not None else {}
+
+
+__all__ = ["nominated_pair", "selected_addresses", "selected_candidate_types", "transport_stats"]

@@ -26,15 +26,14 @@ import torch
 
 from engine.wire import Compression, Message
 
-from . import aiortc_patches
 from . import signaling_protocol as sp
 from .admission import InboundAdmission, OfferStats, Verdict
-from .aioice_patches import recent_turn_failures
 from .connection import Link, LinkConfig, accept, close_quietly, dial
 from .descriptions import SignedDescription, new_session_id, verify_description
 from .errors import ConnectError, P2PError, PeerMismatch
 from .ice_servers import DEFAULT_PROBE
 from .identity import Identity
+from .patches.ice import recent_turn_failures
 from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
 from .signaling import SignalingClient, TokenProvider, unreachable
 
@@ -59,7 +58,6 @@ class Peer:
         """``token``/``token_provider``: the account token a coordinator that admits only account
         holders asks for (the provider is called before every join, so it can refresh).
         ``max_inbound_per_peer``/``max_inbound``: offers answered at once, per remote peer and in all."""
-        aiortc_patches.apply()  # the project's transport is aiortc with these patches, everywhere
         self.identity = identity
         self.handlers = handlers or Handlers()
         self._base_config = config or LinkConfig()

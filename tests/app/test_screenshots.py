@@ -15,7 +15,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.controller import AppController
 from app.theme import apply_color_scheme
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import pin_host_addresses
 from tests.integration.test_node_swarm import trainer_peer
 
 from .conftest import Coordinator

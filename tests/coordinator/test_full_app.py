@@ -13,7 +13,7 @@ from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.models import Host
 from engine.p2p import Identity, Peer, SignalingError
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import pin_host_addresses
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], hyperparams={"d_model": 16, "hidden": 32})
 

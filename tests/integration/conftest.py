@@ -6,7 +6,7 @@ import pytest
 
 from coordinator.app import RunningCoordinator, start
 from engine.p2p import Handlers, Identity, LinkConfig, Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
+from engine.p2p.patches import pin_host_addresses
 
 pytestmark = pytest.mark.integration
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiortc import RTCConfiguration, RTCPeerConnection
 
-from engine.p2p import aiortc_patches
+from engine.p2p import patches
 
 pytestmark = pytest.mark.integration
 
@@ -18,8 +18,8 @@ MIB = 1 << 20
 
 
 async def _connected_pair(**channel_options: Any) -> tuple[Any, Any, Any, asyncio.Queue[Any]]:
-    aiortc_patches.pin_host_addresses(["127.0.0.1"])
-    aiortc_patches.apply()
+    patches.pin_host_addresses(["127.0.0.1"])
+    patches.install(strict=True)
     a = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     b = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     inbox: asyncio.Queue[Any] = asyncio.Queue()

@@ -64,7 +64,7 @@ def test_every_pair_of_nat_kinds_connects(fresh: Testbed) -> None:
         assert r.types is not None
         if r.expect_relay:
             assert r.relayed, f"{r.kinds} cannot connect directly, yet got {r.types}"
-        else:  # direct pairs get a head start over relayed ones (engine/p2p/aioice_patches.py)
+        else:  # direct pairs get a head start over relayed ones (engine/p2p/patches/ice.py)
             assert not r.relayed, f"{r.kinds} could connect directly, yet went through TURN: {r.types}"
         assert r.connect_ms is not None and r.connect_ms < 2000, f"{r.kinds} took {r.connect_ms:.0f} ms"
 

@@ -1,6 +1,6 @@
 """Added latency for the NAT testbed: an NFQUEUE consumer that accepts each packet later.
 
-The kernel has no netem (FACTS.md), so ``iptables ... -j NFQUEUE --queue-num N`` hands packets to this
+This machine's kernel has no netem qdisc, so ``iptables ... -j NFQUEUE --queue-num N`` hands packets to this
 process, which holds each for ``ms`` ± ``jitter`` milliseconds and then accepts it. Release times never
 go backwards (a packet leaves no earlier than the one before it), so jitter varies the delay without
 reordering packets, as on one real path. Prints ``{"event":"ready"}`` once bound; ends when stdin closes.

@@ -10,7 +10,8 @@ Commands run concurrently (a call may be in flight while another command runs):
   ``connect_ms`` (dial time, null when a link was reused), ``types`` ([local, remote] candidate types of
   the link's nominated pair) or ``error`` ("ClassName: message")
 - ``{"cmd":"bench","peer":ID,"bytes":TOTAL,"chunk":N,"timeout":T}`` -> ``MBps`` over ``sink`` calls
-- ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T}``
+- ``{"cmd":"tcp_listen","port":P}`` / ``{"cmd":"tcp_send","host":H,"port":P,"bytes":N,"timeout":T,"cc":C}``
+  (``cc``: the TCP congestion controller pinned on the socket, e.g. cubic or bbr; the reply names it)
   -> a plain TCP stream between the same namespaces, for comparison (``MBps``)
 - ``{"cmd":"links"}`` -> every link: remote, usable, state, types; ``{"cmd":"ice"}`` -> ICE servers in use
 - ``{"cmd":"drop_links"}`` closes every link (the next call dials again, probing ICE servers afresh)
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import logging
+import socket
 import sys
 import time
 from typing import Any
@@ -34,11 +36,11 @@ from typing import Any
 import torch
 
 from engine.p2p import CallContext, Handlers, Identity, LinkConfig, Peer
-from engine.p2p.aiortc_patches import pin_host_addresses
 from engine.p2p.connection import close_quietly
 from engine.p2p.eventloop import run
 from engine.p2p.ice_servers import DEFAULT_PROBE
-from engine.p2p.ice_stats import selected_addresses, selected_candidate_types
+from engine.p2p.ice_stats import selected_addresses, selected_candidate_types, transport_stats
+from engine.p2p.patches import install, pin_host_addresses
 from engine.wire import Kind, Message
 
 
@@ -79,6 +81,7 @@ class Node:
             "state": link.pc.connectionState,
             "types": selected_candidate_types(link.pc),
             "addrs": selected_addresses(link.pc),
+            "sctp": transport_stats(link.pc),  # retransmissions, recoveries, RTOs, srtt, cwnd, controller
         }
 
     async def call(self, cmd: dict[str, Any]) -> dict[str, Any]:
@@ -158,7 +161,13 @@ class Node:
         started = time.monotonic()
         try:
             async with asyncio.timeout(timeout):
-                reader, writer = await asyncio.open_connection(cmd["host"], int(cmd["port"]))
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                want = str(cmd.get("cc", "cubic")).encode()
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, want)
+                cc = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+                sock.setblocking(False)
+                await asyncio.get_running_loop().sock_connect(sock, (cmd["host"], int(cmd["port"])))
+                reader, writer = await asyncio.open_connection(sock=sock)
                 started = time.monotonic()
                 for _ in range(total // len(block)):
                     writer.write(block)
@@ -169,7 +178,7 @@ class Node:
         except Exception as e:
             return {"ok": False, "error": _error(e)}
         seconds = time.monotonic() - started
-        return {"ok": got == total, "bytes": got, "s": seconds, "MBps": got / seconds / 1e6}
+        return {"ok": got == total, "bytes": got, "s": seconds, "MBps": got / seconds / 1e6, "cc": cc}
 
     async def turn_probe(self) -> dict[str, Any]:
         """Allocate on each TURN server in use with the current credentials and say how it went.
@@ -280,6 +289,7 @@ async def main() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("aioice").setLevel(logging.WARNING)
     pin_host_addresses([args.host])
+    install()
     peer = Peer(
         Identity.generate(),
         args.signal,

@@ -9,7 +9,7 @@ hole)::
     <p>-rN     home router: wan 100.64.0.(10+N) on the bridge, lan 10.251.N.1/24, NAT of one kind
     <p>-hN     a home peer 10.251.N.2/24, default route via its router
 
-NAT kinds (iptables in the router namespace; FACTS.md "Network namespaces, NAT, STUN/TURN"):
+NAT kinds (iptables in the router namespace):
 
 - ``port_restricted``: ``MASQUERADE`` (keeps the source port for every destination: endpoint-independent
   mapping) and, on FORWARD and INPUT, ``-i wan`` ESTABLISHED,RELATED accept then DROP (address-and-port

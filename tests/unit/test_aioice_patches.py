@@ -8,7 +8,7 @@ from typing import Any
 import aioice.ice as ice
 import pytest
 
-from engine.p2p import aioice_patches as nom
+from engine.p2p.patches import ice as nom
 
 State = ice.CandidatePair.State
 

@@ -23,7 +23,7 @@ cb = _load()
 
 RUNNER = "Runner.run (asyncio/runners.py:118)"
 SCTP = "RTCSctpTransport._handle_data (aiortc/rtcsctptransport.py:960)"
-SACK_PATCH = "_send_sack (engine/p2p/aiortc_sctp_fast.py:180)"
+SACK_PATCH = "_send_sack (engine/p2p/patches/sctp_receiver.py:180)"
 DTLS = "RTCDtlsTransport._send_data (aiortc/rtcdtlstransport.py:708)"
 SSL = "Connection.send (OpenSSL/SSL.py:2308)"
 STUN = "StunProtocol.send_data (aioice/ice.py:343)"

@@ -1,4 +1,4 @@
-"""aioice changes: prefer direct paths over relayed ones, and remember why TURN failed.
+"""aioice changes: prefer direct paths, remember why TURN failed, demux DTLS first, bigger UDP buffers.
 
 **Direct paths first.** The controlling ICE agent gives direct pairs a head start over relayed ones.
 
@@ -19,6 +19,8 @@ the connection layer to put into its error ("TURN refused: 401 Unauthorized").
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import time
 from collections import deque
 from typing import Any
@@ -28,14 +30,6 @@ import aioice.ice as ice
 RELAY_GRACE_S = 0.75
 _POLL_S = 0.05
 
-ORIGINALS: dict[str, Any] = {
-    "aioice.ice.Connection.check_start": ice.Connection.check_start,
-    "aioice.ice.relayed_candidate": ice.relayed_candidate,
-}
-ORIGINAL_SOURCE_SHA256: dict[str, str] = {
-    "aioice.ice.Connection.check_start": "7de056d252f46a155c8b9c2061077360d2aa6b0dc0ca7f4f5a4fa2fec2417bca",
-    "aioice.ice.relayed_candidate": "271e25be8724ce381b2bdfe17c1518f314f3588927b34254f5830f98676dcc25",
-}
 _original_check_start = ice.Connection.check_start
 _original_relayed_candidate = ice.relayed_candidate
 _turn_failures: deque[tuple[float, str]] = deque(maxlen=32)
@@ -88,6 +82,32 @@ def recent_turn_failures(since: float) -> list[str]:
     return [reason for at, reason in _turn_failures if at >= since]
 
 
-def install() -> None:
-    ice.Connection.check_start = check_start  # type: ignore[method-assign]
-    ice.relayed_candidate = relayed_candidate
+# --- RFC 7983 demultiplexing before the STUN parse ------------------------------------------------
+
+_stock_datagram_received = ice.StunProtocol.datagram_received
+
+
+def datagram_received(self: Any, data: Any, addr: Any) -> None:
+    """A datagram whose first byte is 20..63 is DTLS (RFC 7983) and goes straight to the connection
+    instead of first failing a STUN parse (an exception per packet); STUN (0..3) is handled as before."""
+    if data and 19 < data[0] < 64:
+        self.receiver.data_received(data, self.local_candidate.component)
+        return
+    _stock_datagram_received(self, data, addr)
+
+
+# --- a larger UDP receive buffer ------------------------------------------------------------------
+
+# A node's event loop stalls now and then (a GPU batch, a busy desktop); the kernel's default UDP
+# buffer (208 KiB on Linux, about 180 packets) then overflows and the sender sees loss that no network
+# caused. Best effort: the kernel caps it (net.core.rmem_max), and nothing on the wire changes.
+UDP_RECEIVE_BUFFER = 4 << 20
+_stock_connection_made = ice.StunProtocol.connection_made
+
+
+def connection_made(self: Any, transport: Any) -> None:
+    _stock_connection_made(self, transport)
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, UDP_RECEIVE_BUFFER)

@@ -1,0 +1,315 @@
+"""Data channels across an emulated home link: ours vs stock aiortc vs TCP CUBIC vs TCP BBR (root).
+
+Path: namespaces ``a`` - ``r`` - ``b``; the router ``r`` adds half the RTT each way (NFQUEUE to
+``tests.nat.delay``: this kernel has no netem), drops packets at random in both directions (iptables
+``statistic``; the counter of the a->b rule gives the data packets lost), and for the bottleneck cases
+shapes r->b with ``tbf`` (rate, about one BDP of buffer). Offloads are off, so every packet is MTU-sized.
+
+Cases, interleaved per repetition: for each loss rate, ours with each controller, stock aiortc (both
+ends), TCP with ``TCP_CONGESTION`` cubic and bbr; then, without random loss, ours alone through the
+bottleneck (utilisation) and ours beside one TCP CUBIC flow (our share of the sum); then a 64 KiB call
+whose last DATA packet is dropped (in memory, same RTT), p99 completion of its round trip. Goodput is
+counted at the receiver after a warm-up; CPU per process is a fraction of one core and a case whose
+process sits above 0.9 is flagged ``cpu_bound``; ``machine_overloaded`` says the load average exceeded
+the core count (then every aiortc figure is CPU-starved). Lost packets are counted on the path: random
+drops plus datagrams the receiving namespace's UDP sockets dropped.
+
+Usage: ``.venv/bin/python -m benchmarks.wan [--quick] [--duration 60] [--repeat 1]``. The last line
+printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from tests.nat.topology import PYTHON, Proc, no_offloads, sh
+
+A_IP, R_A, R_B, B_IP = "10.77.1.1", "10.77.1.2", "10.77.2.1", "10.77.2.2"
+CONTROLLERS = ("bbr", "cubic")
+DEFAULT_CC = "bbr"
+
+
+class Path3:
+    """Three namespaces in a line; the router in the middle delays, drops and shapes."""
+
+    def __init__(self, rtt_ms: float) -> None:
+        tag = f"lahwan{os.getpid()}"
+        self.a, self.r, self.b = f"{tag}-a", f"{tag}-r", f"{tag}-b"
+        self.log_dir = Path(tempfile.mkdtemp(prefix="lah-wan-"))
+        self.loss_rules: list[list[str]] = []
+        for ns in (self.a, self.r, self.b):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "link", "set", "lo", "up", ns=ns)
+        sh("ip", "-n", self.a, "link", "add", "a0", "type", "veth", "peer", "name", "r0", "netns", self.r)
+        sh("ip", "-n", self.r, "link", "add", "r1", "type", "veth", "peer", "name", "b0", "netns", self.b)
+        for ns, dev, addr in (
+            (self.a, "a0", A_IP),
+            (self.r, "r0", R_A),
+            (self.r, "r1", R_B),
+            (self.b, "b0", B_IP),
+        ):
+            sh("ip", "addr", "add", f"{addr}/24", "dev", dev, ns=ns)
+            sh("ip", "link", "set", dev, "up", ns=ns)
+            no_offloads(ns, dev)
+        sh("ip", "route", "add", "default", "via", R_A, ns=self.a)
+        sh("ip", "route", "add", "default", "via", R_B, ns=self.b)
+        sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=self.r)
+        self.delay = Proc(
+            "delay",
+            self.r,
+            [PYTHON, "-m", "tests.nat.delay", "--queue", "5", "--ms", str(rtt_ms / 2)],
+            self.log_dir,
+        )
+        self.delay.event(timeout=20)
+        sh("iptables", "-w", "-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "5", ns=self.r)
+
+    def set_loss(self, p: float) -> None:
+        for rule in self.loss_rules:
+            sh("iptables", "-w", "-t", "mangle", "-D", "FORWARD", *rule, ns=self.r)
+        self.loss_rules = []
+        if p > 0:
+            for dev in ("r0", "r1"):  # r0: data a->b, r1: acknowledgements b->a
+                rule = [
+                    "-i",
+                    dev,
+                    "-m",
+                    "statistic",
+                    "--mode",
+                    "random",
+                    "--probability",
+                    str(p),
+                    "-j",
+                    "DROP",
+                ]
+                sh("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", *rule, ns=self.r)
+                self.loss_rules.append(rule)
+
+    def data_drops(self) -> int:
+        """Packets a->b lost so far: random drops, the delayer's queue overflowing, and datagrams the
+        receiving namespace's UDP sockets dropped (a CPU-starved receiver: often the largest share)."""
+        dropped = 0
+        out = sh("iptables", "-w", "-t", "mangle", "-L", "FORWARD", "-v", "-x", "-n", ns=self.r)
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) > 5 and f[2] == "DROP" and f[5] == "r0":
+                dropped += int(f[0])
+        for line in sh("cat", "/proc/net/netfilter/nfnetlink_queue", ns=self.r, check=False).splitlines():
+            f = line.split()
+            dropped += int(f[5]) + int(f[6]) if len(f) > 6 else 0  # both directions: an upper bound
+        udp = [
+            line.split()
+            for line in sh("cat", "/proc/net/snmp", ns=self.b).splitlines()
+            if line.startswith("Udp:")
+        ]
+        dropped += int(udp[1][udp[0].index("RcvbufErrors")])
+        return dropped
+
+    @contextlib.contextmanager
+    def bottleneck(self, mbytes_per_s: float, buffer_bytes: int) -> Iterator[None]:
+        rate = f"{int(mbytes_per_s * 8000)}kbit"
+        sh("tc", "qdisc", "add", "dev", "r1", "root", "tbf", "rate", rate, "burst", "32kb",
+           "limit", str(buffer_bytes), ns=self.r)  # fmt: skip
+        try:
+            yield
+        finally:
+            sh("tc", "qdisc", "del", "dev", "r1", "root", ns=self.r, check=False)
+
+    def close(self) -> None:
+        with contextlib.suppress(Exception):
+            self.delay.stop()
+        for ns in (self.a, self.r, self.b):
+            for pid in sh("ip", "netns", "pids", ns, check=False).split():
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    os.kill(int(pid), 9)
+            sh("ip", "netns", "del", ns, check=False)
+        shutil.rmtree(self.log_dir, ignore_errors=True)
+
+
+def _peer(path: Path3, name: str, ns: str, role: str, host: str, duration: float, **extra: Any) -> Proc:
+    args = [PYTHON, "-m", "benchmarks.wan_peer", "--role", role, "--host", host, "--duration", str(duration)]
+    args += ["--warmup", str(min(2.0, duration / 4))]
+    for key, value in extra.items():
+        args += [f"--{key}", str(value)]
+    return Proc(name, ns, args, path.log_dir)
+
+
+def start_aiortc(path: Path3, mode: str, cc: str, duration: float) -> tuple[Proc, Proc]:
+    send = _peer(path, f"{mode}-{cc}-send", path.a, "aiortc-send", A_IP, duration, mode=mode, cc=cc)
+    recv = _peer(path, f"{mode}-{cc}-recv", path.b, "aiortc-recv", B_IP, duration, mode=mode, cc=cc)
+    offer = send.event(timeout=60)
+    recv.proc.stdin.write(json.dumps(offer) + "\n")  # type: ignore[union-attr]
+    recv.proc.stdin.flush()  # type: ignore[union-attr]
+    answer = recv.event(timeout=60)
+    send.proc.stdin.write(json.dumps(answer) + "\n")  # type: ignore[union-attr]
+    send.proc.stdin.flush()  # type: ignore[union-attr]
+    return send, recv
+
+
+def start_tcp(path: Path3, cc: str, duration: float, port: int = 9500) -> tuple[Proc, Proc]:
+    recv = _peer(path, f"tcp-{cc}-recv", path.b, "tcp-recv", B_IP, duration, port=port)
+    recv.event(timeout=30)
+    send = _peer(path, f"tcp-{cc}-send", path.a, "tcp-send", A_IP, duration, cc=cc, peer=B_IP, port=port)
+    return send, recv
+
+
+def finish(pair: tuple[Proc, Proc], duration: float) -> dict[str, Any]:
+    send, recv = pair
+    try:
+        s = send.event(timeout=duration + 90)
+        r = recv.event(timeout=duration + 90)
+    finally:
+        send.stop()
+        recv.stop()
+    cpu = max(c for c in (s.get("cpu"), r.get("cpu"), 0.0) if c is not None)
+    return {
+        "MBps": round(r["MBps"], 3),
+        "cpu_send": s.get("cpu"),
+        "cpu_recv": r.get("cpu"),
+        "cpu_bound": cpu > 0.9,
+        "rtx": s.get("rtx"),
+        "stats": s.get("stats"),
+        "tcp_cc": s.get("cc"),
+    }
+
+
+def run_case(path: Path3, kind: str, cc: str, duration: float) -> dict[str, Any]:
+    drops0 = path.data_drops()
+    pair = start_tcp(path, cc, duration) if kind == "tcp" else start_aiortc(path, kind, cc, duration)
+    out = finish(pair, duration)
+    out["data_drops"] = path.data_drops() - drops0
+    return out
+
+
+def tail_calls(n: int, rtt_ms: float) -> dict[str, float]:
+    """p99 round trip of a 64 KiB call whose last DATA packet is dropped (in memory), ours vs stock."""
+    import asyncio
+
+    from benchmarks.wan_tail import tail_call_times
+
+    return asyncio.run(tail_call_times(n, rtt_ms / 2000))
+
+
+_SHOWN = ("fast_retransmits", "rack_losses", "tlp_probes", "rto_expiries", "recoveries", "srtt_ms", "cwnd")
+
+
+def _f(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
+def _median(xs: list[float]) -> float | None:
+    return round(statistics.median(xs), 3) if xs else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short cases: the whole run within about 2 minutes")
+    ap.add_argument("--duration", type=float, default=60.0, help="seconds per case")
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--rtt-ms", type=float, default=50.0)
+    ap.add_argument("--losses", default="0.001,0.01")
+    ap.add_argument("--bottleneck-MBps", type=float, default=8.0)
+    args = ap.parse_args()
+    if os.geteuid() != 0 or shutil.which("tc") is None:
+        print("benchmarks/wan.py needs root, iproute2 (tc) and iptables", file=sys.stderr)
+        return 2
+    duration = 5.0 if args.quick else args.duration
+    controllers = (DEFAULT_CC,) if args.quick else CONTROLLERS
+    losses = [float(x) for x in args.losses.split(",")]
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores", flush=True)
+    results: dict[str, list[dict[str, Any]]] = {}
+    path = Path3(args.rtt_ms)
+    t0 = time.monotonic()
+    try:
+        for rep in range(args.repeat):
+            for loss in losses:
+                path.set_loss(loss)
+                cases = [("ours", cc) for cc in controllers] + [
+                    ("stock", "reno"),
+                    ("tcp", "cubic"),
+                    ("tcp", "bbr"),
+                ]
+                for kind, cc in cases:
+                    key = f"{kind}_{cc}_loss_{loss}"
+                    r = run_case(path, kind, cc, duration)
+                    results.setdefault(key, []).append(r)
+                    st = {k: v for k, v in (r["stats"] or {}).items() if k in _SHOWN}
+                    print(f"[{rep}] {key}: {r['MBps']:.3f} MB/s cpu {_f(r['cpu_send'])}/{_f(r['cpu_recv'])} "
+                          f"drops {r['data_drops']} rtx {r['rtx']} {st}", flush=True)  # fmt: skip
+            path.set_loss(0.0)
+            bdp = int(args.bottleneck_MBps * 1e6 * args.rtt_ms / 1000)
+            with path.bottleneck(args.bottleneck_MBps, bdp):
+                alone = run_case(path, "ours", DEFAULT_CC, duration)
+                results.setdefault("bottleneck_alone", []).append(alone)
+                ours = start_aiortc(path, "ours", DEFAULT_CC, duration)
+                tcp = start_tcp(path, "cubic", duration, port=9501)
+                o, t = finish(ours, duration), finish(tcp, duration)
+                results.setdefault("bottleneck_shared", []).append({"ours": o, "tcp": t})
+                print(f"[{rep}] bottleneck: alone {alone['MBps']:.2f}, shared ours {o['MBps']:.2f} "
+                      f"tcp cubic {t['MBps']:.2f} MB/s", flush=True)  # fmt: skip
+    finally:
+        path.close()
+    tail = tail_calls(12 if args.quick else 100, args.rtt_ms)
+    print(f"tail calls (in memory): {tail}", flush=True)
+
+    def med(key: str) -> float | None:
+        return _median([r["MBps"] for r in results.get(key, [])])
+
+    summary: dict[str, Any] = {"duration_s": duration, "repeat": args.repeat, "rtt_ms": args.rtt_ms,
+                               "default_cc": DEFAULT_CC, "load_avg": round(load[0], 1)}  # fmt: skip
+    for loss in losses:
+        tag = f"0p{str(loss).split('.')[1]}" if loss < 1 else str(loss)
+        tag = {"0p001": "0p1", "0p01": "1"}.get(tag, tag)
+        summary[f"wan_MBps_loss_{tag}"] = med(f"ours_{DEFAULT_CC}_loss_{loss}")
+        for cc in controllers:
+            summary[f"wan_{cc}_MBps_loss_{tag}"] = med(f"ours_{cc}_loss_{loss}")
+        summary[f"stock_MBps_loss_{tag}"] = med(f"stock_reno_loss_{loss}")
+        summary[f"tcp_cubic_MBps_loss_{tag}"] = med(f"tcp_cubic_loss_{loss}")
+        summary[f"tcp_bbr_MBps_loss_{tag}"] = med(f"tcp_bbr_loss_{loss}")
+        spread = [r["MBps"] for r in results.get(f"ours_{DEFAULT_CC}_loss_{loss}", [])]
+        summary[f"wan_MBps_loss_{tag}_spread"] = [min(spread), max(spread)] if spread else None
+    ours_runs = [r for k, rs in results.items() if k.startswith(f"ours_{DEFAULT_CC}_loss") for r in rs]
+    stock_runs = [r for k, rs in results.items() if k.startswith("stock_") for r in rs]
+    for name, runs in (("rtx_per_loss", ours_runs), ("stock_rtx_per_loss", stock_runs)):
+        drops = sum(r["data_drops"] for r in runs)
+        summary[name] = round(sum(r["rtx"] or 0 for r in runs) / drops, 2) if drops else None
+    alone = [r["MBps"] for r in results.get("bottleneck_alone", [])]
+    summary["bottleneck_utilisation"] = (
+        round(statistics.median(alone) / args.bottleneck_MBps, 3) if alone else None
+    )
+    shares = [
+        s["ours"]["MBps"] / max(1e-9, s["ours"]["MBps"] + s["tcp"]["MBps"])
+        for s in results.get("bottleneck_shared", [])
+    ]
+    summary["fair_share"] = round(statistics.median(shares), 3) if shares else None
+    summary["tail_call_ms_p99"] = tail["ours_p99_ms"]
+    summary["stock_tail_call_ms_p99"] = tail["stock_p99_ms"]
+    summary["cpu_bound"] = sorted(
+        k for k, rs in results.items() if any(r.get("cpu_bound") for r in rs if "cpu_bound" in r)
+    )
+    # Processes on an oversubscribed box get a fraction of a core each: not cpu_bound by the 0.9 rule,
+    # yet every aiortc figure is then CPU-starved (TCP runs in the kernel and is not).
+    end_load = os.getloadavg()[0]
+    summary["load_avg_end"] = round(end_load, 1)
+    summary["machine_overloaded"] = max(load[0], end_load) > (os.cpu_count() or 1)
+    summary["wall_s"] = round(time.monotonic() - t0, 1)
+    summary["cases"] = {
+        k: [{kk: v for kk, v in r.items() if kk != "stats"} for r in rs] for k, rs in results.items()
+    }
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

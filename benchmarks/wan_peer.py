@@ -1,0 +1,214 @@
+"""One end of a benchmarks/wan.py case, run inside a network namespace; JSON lines on stdin/stdout.
+
+Roles: ``aiortc-send`` / ``aiortc-recv`` (a data channel, stock aiortc or with the project's patches and
+a chosen congestion controller) and ``tcp-send`` / ``tcp-recv`` (a plain TCP stream with the controller
+pinned per socket by ``TCP_CONGESTION``). Receivers count goodput over ``[first byte + warmup, first byte
++ duration]``, and every process reports the CPU it used over its active period (fraction of one core).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import socket
+import sys
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+
+def _light_engine_import() -> None:
+    """Let ``engine.p2p.patches`` and ``engine.p2p.eventloop`` import without ``engine.p2p``'s package
+    init, which pulls in torch through the wire codecs: 12 s per process on a loaded 2-core box, 1 s
+    without. Neither module needs anything else from the package."""
+    root = Path(__file__).resolve().parents[1]
+    for name, path in (("engine", root / "engine"), ("engine.p2p", root / "engine" / "p2p")):
+        if name not in sys.modules:
+            module = types.ModuleType(name)
+            module.__path__ = [str(path)]
+            sys.modules[name] = module
+
+
+def _cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def _say(msg: dict[str, Any]) -> None:
+    print(json.dumps(msg), flush=True)
+
+
+async def _read_line() -> dict[str, Any]:
+    line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    if not line:
+        raise SystemExit(0)
+    return json.loads(line)  # type: ignore[no-any-return]
+
+
+class Meter:
+    """Bytes received inside the measuring window, and CPU over it."""
+
+    def __init__(self, duration: float, warmup: float) -> None:
+        self.duration, self.warmup = duration, warmup
+        self.first: float | None = None
+        self.bytes = 0
+        self.total = 0
+        self.cpu0 = 0.0
+        self.done = asyncio.Event()
+
+    def add(self, n: int) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        self.total += n
+        elapsed = now - self.first
+        if elapsed >= self.warmup and not self.cpu0:
+            self.cpu0 = _cpu()
+        if self.warmup <= elapsed <= self.duration:
+            self.bytes += n
+
+    async def wait(self) -> None:
+        """Until the window closes: the first byte plus ``duration`` (whether or not more arrives)."""
+        while self.first is None:  # noqa: ASYNC110  (polling a counter the message callback sets)
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(max(0.0, self.first + self.duration - time.monotonic()))
+        self.done.set()
+
+    def result(self) -> dict[str, Any]:
+        window = self.duration - self.warmup
+        return {
+            "MBps": self.bytes / window / 1e6,
+            "bytes": self.total,
+            "cpu": (_cpu() - self.cpu0) / window if self.cpu0 else None,
+        }
+
+
+async def aiortc_side(args: argparse.Namespace) -> None:
+    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+    from aiortc import rtcsctptransport as sctp
+
+    from engine.p2p import patches
+
+    patches.pin_host_addresses([args.host])
+    if args.mode == "ours":
+        patches.install(strict=True)
+        patches.set_default_congestion_control(args.cc)
+    rtx = [0]
+    send_chunk = sctp.RTCSctpTransport._send_chunk
+
+    async def counting_send_chunk(self: Any, chunk: Any) -> None:  # both modes pay the same cost
+        if isinstance(chunk, sctp.DataChunk) and chunk._sent_count > 1:
+            rtx[0] += 1
+        await send_chunk(self, chunk)
+
+    sctp.RTCSctpTransport._send_chunk = counting_send_chunk  # type: ignore[method-assign]
+    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
+    if args.role == "aiortc-send":
+        ch = pc.createDataChannel("bulk")
+        opened = asyncio.Event()
+        ch.on("open", opened.set)
+        await pc.setLocalDescription(await pc.createOffer())
+        _say({"offer": pc.localDescription.sdp})
+        answer = await _read_line()
+        await pc.setRemoteDescription(RTCSessionDescription(answer["answer"], "answer"))
+        await asyncio.wait_for(opened.wait(), 30)
+        ch.bufferedAmountLowThreshold = 256 << 10
+        low = asyncio.Event()
+        ch.on("bufferedamountlow", low.set)
+        message = os.urandom(64 << 10)
+        cpu0, t0 = _cpu(), time.monotonic()
+        end = t0 + args.duration
+        while time.monotonic() < end:
+            while ch.bufferedAmount < (1 << 20):
+                ch.send(message)
+            low.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(low.wait(), 0.5)
+        wall = time.monotonic() - t0
+        stats = patches.transport_stats(pc.sctp) if pc.sctp else {}
+        _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "rtx": rtx[0], "stats": stats})
+        await _read_line()  # the parent closes stdin when the case is over
+    else:
+        meter = Meter(args.duration, args.warmup)
+
+        @pc.on("datachannel")
+        def _on_channel(channel: Any) -> None:
+            channel.on("message", lambda m: meter.add(len(m)))
+
+        offer = await _read_line()
+        await pc.setRemoteDescription(RTCSessionDescription(offer["offer"], "offer"))
+        await pc.setLocalDescription(await pc.createAnswer())
+        _say({"answer": pc.localDescription.sdp})
+        await asyncio.wait_for(meter.wait(), args.duration + 60)
+        _say(meter.result())
+        await _read_line()
+    await pc.close()
+
+
+async def tcp_side(args: argparse.Namespace) -> None:
+    if args.role == "tcp-recv":
+        meter = Meter(args.duration, args.warmup)
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while not meter.done.is_set():
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                meter.add(len(data))
+            writer.close()
+
+        server = await asyncio.start_server(serve, args.host, args.port)
+        _say({"ready": args.port})
+        await asyncio.wait_for(meter.wait(), args.duration + 60)
+        _say(meter.result())
+        server.close()
+        await _read_line()
+        return
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, args.cc.encode())
+    chosen = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).rstrip(b"\0").decode()
+    sock.connect((args.peer, args.port))
+    sock.setblocking(False)
+    _, writer = await asyncio.open_connection(sock=sock)
+    block = os.urandom(1 << 16)
+    cpu0, t0 = _cpu(), time.monotonic()
+    end = t0 + args.duration
+    try:
+        while time.monotonic() < end:
+            writer.write(block)
+            await writer.drain()
+    except ConnectionError:
+        pass
+    wall = time.monotonic() - t0
+    _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "cc": chosen})
+    await _read_line()
+    writer.close()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--role", required=True)
+    p.add_argument("--mode", default="ours", choices=["ours", "stock"])
+    p.add_argument("--cc", default="bbr")
+    p.add_argument("--host", required=True)
+    p.add_argument("--peer", default="")
+    p.add_argument("--port", type=int, default=9500)
+    p.add_argument("--duration", type=float, default=10.0)
+    p.add_argument("--warmup", type=float, default=2.0)
+    args = p.parse_args()
+    if args.role.startswith("aiortc"):
+        _light_engine_import()
+        from engine.p2p import eventloop  # the node's loop (uvloop where present), ours and stock alike
+
+        eventloop.run(aiortc_side(args))
+    else:
+        asyncio.run(tcp_side(args))  # the kernel does TCP's work: the loop does not matter
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""SCTP receiver patches: delayed SACK, reassembly without rescans, in-order fast path.
+
+What each does and why it is safe: the package docstring (items 1-3). The stock functions they wrap are
+kept as ``_stock_*``; tests use the registry's originals as the oracle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from aiortc import rtcsctptransport as sctp
+from aiortc.utils import uint32_gt as _uint32_gt
+
+# Longest a SACK waits for a second DATA packet (RFC 9260 section 6.2: < 500 ms, 200 ms advised).
+SACK_DELAY = 0.02
+
+_StockInboundStream: Any = sctp.InboundStream
+_stock_add_chunk: Callable[[Any, Any], None] = _StockInboundStream.add_chunk
+_stock_pop_messages: Callable[[Any], Iterator[tuple[int, int, bytes]]] = _StockInboundStream.pop_messages
+_LAST = sctp.SCTP_DATA_LAST_FRAG
+_MOD = sctp.SCTP_TSN_MODULO
+_Transport: Any = sctp.RTCSctpTransport
+_ESTABLISHED = sctp.RTCSctpTransport.State.ESTABLISHED
+_CLOSED = sctp.RTCSctpTransport.State.CLOSED
+
+
+class FastInboundStream(_StockInboundStream):  # type: ignore[misc]
+    """InboundStream that skips the reassembly scan when the new fragment cannot finish a message.
+
+    Same data (``reassembly``, ``sequence_number``) and same results as the stock class; only the
+    scan after an appended non-LAST fragment is skipped, and only once every earlier scan ran to
+    its end (so nothing deliverable can be waiting).
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._quiet = False  # the last add_chunk cannot have made a message deliverable
+        self._settled = True  # the last pop_messages ran to completion
+
+    def add_chunk(self, chunk: Any) -> None:
+        r = self.reassembly
+        if not r or _uint32_gt(chunk.tsn, r[-1].tsn):
+            r.append(chunk)
+            self._quiet = self._settled and not (chunk.flags & _LAST)
+            return
+        self._quiet = False
+        _stock_add_chunk(self, chunk)
+
+    def pop_messages(self) -> Iterator[tuple[int, int, bytes]]:
+        if self._quiet:
+            self._quiet = False
+            return iter(())
+        return self._scan()
+
+    def _scan(self) -> Iterator[tuple[int, int, bytes]]:
+        self._settled = False
+        yield from _stock_pop_messages(self)
+        self._settled = True
+
+
+# --- delayed SACK ------------------------------------------------------------------------------
+
+_stock_send_sack: Callable[[Any], Any] = _Transport._send_sack
+_stock_forward_tsn: Callable[[Any, Any], Any] = _Transport._receive_forward_tsn_chunk
+
+
+def init_receiver(self: Any) -> None:
+    """Receiver state on a new transport (called by the sender's ``__init__`` replacement)."""
+    self._sack_packets = 0  # packets needing a SACK since the last one
+    self._sack_timer = None  # asyncio.TimerHandle of the delayed SACK
+    self._sack_urgent = False  # a FORWARD TSN arrived
+    self._sack_reported_gaps = False  # the last SACK sent reported gaps
+
+
+async def _send_sack_now(self: Any) -> None:
+    if self._sack_timer is not None:
+        self._sack_timer.cancel()
+        self._sack_timer = None
+    self._sack_packets = 0
+    self._sack_urgent = False
+    self._sack_reported_gaps = bool(self._sack_misordered)
+    await _stock_send_sack(self)
+
+
+async def _send_sack(self: Any) -> None:
+    """Called by ``_handle_data`` once per packet that needs a SACK: send it now or arm the timer."""
+    self._sack_packets += 1
+    if (
+        self._sack_packets >= 2
+        or self._sack_misordered
+        or self._sack_duplicates
+        or self._sack_reported_gaps
+        or self._sack_urgent
+        or self._association_state is not _ESTABLISHED
+    ):
+        await _send_sack_now(self)
+    elif self._sack_timer is None:
+        self._sack_timer = self._loop.call_later(SACK_DELAY, _sack_timer_expired, self)
+
+
+_flushes: set[asyncio.Future[None]] = set()
+
+
+def _sack_timer_expired(self: Any) -> None:
+    self._sack_timer = None
+    if self._sack_needed and self._association_state is not _CLOSED:
+        task = asyncio.ensure_future(_flush_sack(self))
+        _flushes.add(task)
+        task.add_done_callback(_flushes.discard)
+
+
+async def _flush_sack(self: Any) -> None:
+    if self._sack_needed and self._association_state is not _CLOSED:
+        with contextlib.suppress(ConnectionError):
+            await _send_sack_now(self)
+
+
+async def _receive_forward_tsn_chunk(self: Any, chunk: Any) -> None:
+    self._sack_urgent = True
+    await _stock_forward_tsn(self, chunk)
+
+
+# --- receive / SACK-processing fast paths ------------------------------------------------------
+
+_stock_mark_received: Callable[[Any, int], bool] = _Transport._mark_received
+
+
+def _mark_received(self: Any, tsn: int) -> bool:
+    last = self._last_received_tsn
+    if (
+        last is not None
+        and tsn == (last + 1) % _MOD
+        and not self._sack_misordered
+        and not self._sack_duplicates
+    ):
+        self._last_received_tsn = tsn
+        return False
+    return _stock_mark_received(self, tsn)

@@ -1,0 +1,118 @@
+"""SCTP sender timers: the tail-loss probe and the retransmission timer (T3), with the give-up.
+
+Split from :mod:`.sctp_sender` (which drives them and whose docstring says why each behaves as it does);
+their limits (``RTO_MAX``, ``MAX_RETRANS``, ``ASSOCIATION_TIMEOUT``, ``WORST_DELAYED_SACK``) live there and
+are read at call time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from . import sctp_sender as s
+
+logger = logging.getLogger(__name__)
+
+
+# --- tail-loss probe --------------------------------------------------------------------------
+
+
+def arm_tlp(self: Any, now: float) -> None:
+    if not self._sent_queue or self._in_recovery or self._tlp_sent or self._srtt is None:
+        return
+    pto = 2 * self._srtt + (s.WORST_DELAYED_SACK if self._flight_size <= s._MTU else 0.0)
+    self._tlp_deadline = now + min(pto, self._rto)
+    if self._tlp_handle is None:  # one timer; it re-arms itself while the deadline moves on
+        self._tlp_handle = self._loop.call_at(
+            self._loop.time() + (self._tlp_deadline - now), _tlp_expired, self
+        )
+
+
+def _tlp_expired(self: Any) -> None:
+    self._tlp_handle = None
+    if not self._sent_queue or self._in_recovery or self._tlp_sent or self._association_state is s._CLOSED:
+        return
+    now = time.monotonic()
+    if now < self._tlp_deadline - 0.001:
+        self._tlp_handle = self._loop.call_later(self._tlp_deadline - now, _tlp_expired, self)
+        return
+    self._tlp_sent = True
+    self._lah_stats.tlp_probes += 1
+    s._spawn(_send_probe(self))
+
+
+async def _send_probe(self: Any) -> None:
+    now = time.monotonic()
+    if not self._sent_queue:
+        return
+    self._t3_restart()  # the retransmission timer counts from the probe (RFC 8985 section 7.3)
+    if self._outbound_queue and (self._peer_rwnd or 0) >= self._outbound_queue[0]._book_size:
+        c = self._outbound_queue.popleft()
+        self._sent_queue.append(c)
+        s._first_send(self, c, now)
+        await self._send_chunk(c)
+        return
+    for c in reversed(self._sent_queue):
+        if not c._acked and not c._abandoned:
+            self._flight_size_increase(c)
+            c._retransmit = False
+            c._sent_count += 1
+            c._sent_time = now
+            self._lah_stats.retransmissions += 1
+            await self._send_chunk(c)
+            return
+
+
+# --- retransmission timer ---------------------------------------------------------------------
+
+
+def t3_expired(self: Any) -> None:
+    self._t3_handle = None
+    st = self._lah_stats
+    st.rto_expiries += 1
+    self._t3_failures += 1
+    now = time.monotonic()
+    if self._t3_failures > s.MAX_RETRANS or now - self._last_progress > s.ASSOCIATION_TIMEOUT:
+        st.gave_up = True
+        logger.warning(
+            "SCTP peer silent for %.1f s (%d timeouts): aborting the association",
+            now - self._last_progress,
+            self._t3_failures - 1,
+        )
+        s._spawn(_give_up(self))
+        return
+    q = self._sent_queue
+    if self._t3_failures == 1:
+        # First expiry: resend only the earliest chunk (F-RTO, RFC 5682, in spirit). A stalled receiver
+        # or path makes this RTO spurious more often than not, and marking the whole window would send
+        # it all again; if the rest was really lost, RACK finds it once the resent chunk is acked.
+        for c in q:
+            if not c._acked and not c._abandoned:
+                s._lose(self, c)
+                self._frto_tsn = c.tsn
+                break
+    else:
+        self._frto_tsn = None
+        renege = self._t3_failures >= 3  # the peer may have dropped gap-acked chunks: resend those too
+        for c in q:
+            if c._acked and not renege:
+                continue
+            c._acked = False
+            if not self._maybe_abandon(c):
+                c._retransmit = True
+            self._flight_size_decrease(c)
+    self._rtx_pending = True
+    self._update_advanced_peer_ack_point()
+    self._in_recovery = False
+    self._cc.on_rto(now)
+    self._cwnd = self._cc.cwnd
+    self._fr_first = True  # RFC 9260 6.3.3 E3: one packet goes whatever the window
+    self._rto = min(self._rto * 2, s.RTO_MAX)
+    s._spawn(self._transmit())
+
+
+async def _give_up(self: Any) -> None:
+    await self._abort()
+    self._set_state(s._CLOSED)

@@ -1,0 +1,98 @@
+"""Congestion controllers as pure state machines (engine/p2p/patches/congestion.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.p2p.patches import congestion
+
+MTU = 1160
+
+
+def test_unknown_controller_is_a_clear_error() -> None:
+    with pytest.raises(ValueError, match="unknown congestion controller 'vegas'"):
+        congestion.make("vegas", MTU)
+
+
+@pytest.mark.parametrize("name", sorted(congestion.CONTROLLERS))
+def test_initial_window_is_ten_packets(name: str) -> None:
+    assert congestion.make(name, MTU).cwnd == 10 * MTU
+
+
+def test_cubic_slow_start_then_multiplicative_decrease() -> None:
+    cc = congestion.Cubic(MTU)
+    for _ in range(20):
+        cc.on_ack(2 * MTU, 0.0, 0.05, 0.05, True, None, False)
+    assert cc.cwnd == 50 * MTU
+    cc.on_ack(2 * MTU, 0.0, 0.05, 0.05, False, None, False)  # not using its window: no growth
+    assert cc.cwnd == 50 * MTU
+    cc.on_congestion_event(1.0, cc.cwnd)
+    assert cc.ssthresh == int(50 * MTU * 0.7)
+    cc.on_recovery_exit(1.1)
+    assert cc.cwnd == cc.ssthresh
+
+
+def test_cubic_grows_back_to_w_max_around_k() -> None:
+    """After a loss at W_max = 1000 packets the window regains W_max after K = cbrt(W_max*(1-b)/C) s."""
+    cc = congestion.Cubic(MTU, 1000 * MTU)
+    cc.ssthresh = 1000 * MTU
+    cc.on_congestion_event(0.0, cc.cwnd)
+    cc.on_recovery_exit(0.0)
+    k = (1000 * 0.3 / 0.4) ** (1 / 3)  # about 9.1 s
+    now, rtt = 0.0, 0.05
+    while now < k - 1.0:
+        cc.on_ack(cc.cwnd, now, rtt, rtt, True, None, False)  # one window acked per RTT
+        now += rtt
+    assert 900 * MTU < cc.cwnd < 1000 * MTU  # concave: close below W_max before K
+    while now < k + 2.0:
+        cc.on_ack(cc.cwnd, now, rtt, rtt, True, None, False)
+        now += rtt
+    assert cc.cwnd > 1000 * MTU  # convex: probing beyond W_max after K
+
+
+def test_cubic_rto_collapses_to_one_packet() -> None:
+    cc = congestion.Cubic(MTU, 40 * MTU)
+    cc.on_rto(0.0)
+    assert cc.cwnd == MTU and cc.ssthresh == pytest.approx(28 * MTU, abs=1)
+
+
+def _feed_bbr(cc: congestion.BbrLite, rate: float, rtt: float, rounds: int, lost_per_round: int = 0) -> None:
+    now = 0.0
+    per_round = int(rate * rtt)
+    for _ in range(rounds):
+        cc.on_lost(lost_per_round)
+        cc.on_ack(per_round, now, rtt, rtt, True, rate, True)
+        now += rtt
+
+
+def test_bbr_window_is_twice_the_bdp_and_paced() -> None:
+    cc = congestion.BbrLite(MTU)
+    _feed_bbr(cc, 4e6, 0.05, 30)  # 4 MB/s, 50 ms: BDP 200 kB
+    assert cc.state == "probe_bw"
+    assert 2 * 200_000 <= cc.cwnd <= 2 * 200_000 + 5 * MTU
+    assert cc.pacing_rate is not None and 0.7 * 4e6 <= cc.pacing_rate <= 1.3 * 4e6
+
+
+def test_bbr_ignores_light_random_loss_but_backs_off_on_heavy_loss() -> None:
+    light = congestion.BbrLite(MTU)
+    _feed_bbr(light, 4e6, 0.05, 60, lost_per_round=int(4e6 * 0.05 * 0.01))  # 1%
+    assert light.cwnd >= 2 * 200_000
+    heavy = congestion.BbrLite(MTU)
+    _feed_bbr(heavy, 4e6, 0.05, 60, lost_per_round=int(4e6 * 0.05 * 0.10))  # 10%
+    assert heavy.cwnd < 0.8 * 2 * 200_000
+
+
+def test_bbr_pacing_never_starves_below_the_initial_window() -> None:
+    cc = congestion.BbrLite(MTU)
+    _feed_bbr(cc, 10.0, 0.05, 5)  # absurdly low samples (tiny messages at start-up)
+    assert cc.pacing_rate is not None and cc.pacing_rate >= 10 * MTU / 0.05 / 3
+
+
+def test_bbr_backs_off_when_its_queue_stands() -> None:
+    """A bandwidth estimate inflated by bursty acks keeps a queue: SRTT far above the min RTT."""
+    cc = congestion.BbrLite(MTU)
+    now = 0.0
+    for _ in range(60):
+        cc.on_ack(int(4e6 * 0.05), now, 0.2, 0.05, True, 4e6, True)  # SRTT 200 ms, min RTT 50 ms
+        now += 0.05
+    assert cc.cwnd < 0.8 * 2 * 200_000

@@ -44,6 +44,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     verify_workers: int | None = None  # processes checking receipt signatures; None: one per core
     max_ws_per_ip: int = 64
     register_per_ip_per_minute: int = 30
+    exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
     experiments: list[ExperimentConfig] = []
 
 
@@ -59,6 +60,7 @@ _ENV_FIELDS = {
     "public_url": str,
     "token_ttl_s": int,
     "allowlist_mode": lambda v: v.lower() in ("1", "true", "yes"),
+    "exports_dir": str,
 }
 
 

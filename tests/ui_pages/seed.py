@@ -137,6 +137,7 @@ LAST = [
     "Ivanova",
     "Dubois",
 ]
+LONG_NAME = "Supercalifragilisticexpialidocious_GPU_Cluster_Of_The_North_42"
 TEAMS = ["Team Tensor", "GPU Collective", "Night Owls", "Gradient Descenders", "Uni Lab 42", "Solo Miners"]
 
 
@@ -153,6 +154,8 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
             name = f"{FIRST[i % len(FIRST)]} {LAST[(i * 7) % len(LAST)]}"
             if i == 5:
                 name = XSS
+            if i == 7:
+                name = LONG_NAME  # one unbroken word as long as names go: must wrap, not widen the page
             a = Account(name=name if i < len(FIRST) * 2 else f"{name} {i}", team=rng.choice([*teams, None]))
             scale = rng.lognormvariate(6.0, 1.0)
             start = rng.randrange(0, 50)
@@ -205,6 +208,13 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                     recent / len(mine),
                     NOW,
                 )
+                for d, v in enumerate(daily):
+                    if v > 0:
+                        s.add(
+                            CreditDay(
+                                subject_kind="host", subject_id=h.peer_id, day=TODAY - 59 + d, credit=v / len(mine)
+                            )
+                        )
         for (tid, d), v in team_days.items():
             s.add(CreditDay(subject_kind="team", subject_id=str(tid), day=TODAY - 59 + d, credit=v))
         live = [h for h in hosts if NOW - h.last_seen < 3600]

@@ -1,0 +1,155 @@
+"""Leaderboards over a time range (today, 7 days, 30 days), from the daily rollups.
+
+A range is whole UTC days ending today: ``day`` is the current UTC day, ``week`` the last 7, ``month``
+the last 30 ("all time" is the leaderboard's own ``credit_total`` order). ``refresh`` sums
+``credit_days`` over each window into ``credit_ranges`` (one INSERT ... SELECT per window, inside one
+transaction, so readers see the old table or the new one, never half of each); pages then read one
+index range of ``credit_ranges`` instead of summing rollups per view, and receipts are never scanned.
+The periodic job (``coordinator.site.jobs``) refreshes every few minutes, so a range is at most that
+stale; the page says when it was computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import and_, delete, func, insert, literal, select
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from ..db.models import Account, CreditDay, CreditRange, Host, Team
+from ..ledger import DAY_S
+
+Range = Literal["day", "week", "month", "all"]
+RANGES: tuple[Range, ...] = ("all", "month", "week", "day")
+RANGE_DAYS: dict[str, int] = {"day": 1, "week": 7, "month": 30}
+RANGE_LABELS: dict[str, str] = {"all": "All time", "month": "30 days", "week": "7 days", "day": "Today"}
+SUBJECT = {"users": "account", "teams": "team", "hosts": "host"}
+
+
+async def refresh(sessions: async_sessionmaker[AsyncSession], now: float) -> int:
+    """Recompute every range from the rollups; returns the rows written."""
+    today = int(now // DAY_S)
+    written = 0
+    async with sessions() as session, session.begin():
+        await session.execute(delete(CreditRange))
+        for days in sorted(set(RANGE_DAYS.values())):
+            summed = (
+                select(
+                    CreditDay.subject_kind,
+                    literal(days),
+                    CreditDay.subject_id,
+                    func.sum(CreditDay.credit),
+                    literal(now),
+                )
+                .where(CreditDay.day > today - days, CreditDay.day <= today)
+                .group_by(CreditDay.subject_kind, CreditDay.subject_id)
+                .having(func.sum(CreditDay.credit) > 0)
+            )
+            result = await session.execute(
+                insert(CreditRange).from_select(
+                    ["subject_kind", "days", "subject_id", "credit", "computed_at"], summed
+                )
+            )
+            written += max(0, result.rowcount or 0)  # type: ignore[attr-defined]
+    return written
+
+
+@dataclass(frozen=True)
+class RangeRow:
+    rank: int
+    key: str
+    credit: float
+
+
+@dataclass(frozen=True)
+class RangePage:
+    rows: list[RangeRow]
+    count: int
+    has_more: bool
+    computed_at: float | None  # None: never refreshed
+
+
+def _where(kind: str, days: int) -> Any:
+    return and_(CreditRange.subject_kind == SUBJECT[kind], CreditRange.days == days)
+
+
+async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_page: int) -> RangePage:
+    """One page of subjects by credit in the range, best first (ties: higher id first, as 'total')."""
+    days = RANGE_DAYS[rng]
+    offset = (page - 1) * per_page
+    q = (
+        select(CreditRange.subject_id, CreditRange.credit, CreditRange.computed_at)
+        .where(_where(kind, days))
+        .order_by(CreditRange.credit.desc(), CreditRange.subject_id.desc())
+        .offset(offset)
+        .limit(per_page + 1)
+    )
+    rows = (await session.execute(q)).all()
+    count = int(
+        (await session.execute(select(func.count()).select_from(CreditRange).where(_where(kind, days)))).scalar_one()
+    )
+    computed = rows[0][2] if rows else await computed_at(session)
+    out = [RangeRow(offset + i + 1, sid, float(c)) for i, (sid, c, _) in enumerate(rows[:per_page])]
+    return RangePage(out, count, len(rows) > per_page, computed)
+
+
+async def computed_at(session: AsyncSession) -> float | None:
+    return (await session.execute(select(func.max(CreditRange.computed_at)))).scalar()
+
+
+async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> int | None:
+    """1-based position of ``key`` in the range's order, None when it has no credit in the range."""
+    days = RANGE_DAYS[rng]
+    mine = (
+        await session.execute(
+            select(CreditRange.credit).where(_where(kind, days), CreditRange.subject_id == key)
+        )
+    ).scalar()
+    if mine is None:
+        return None
+    above = (
+        await session.execute(
+            select(func.count())
+            .select_from(CreditRange)
+            .where(
+                _where(kind, days),
+                (CreditRange.credit > mine)
+                | ((CreditRange.credit == mine) & (CreditRange.subject_id > key)),
+            )
+        )
+    ).scalar_one()
+    return int(above) + 1
+
+
+async def names(session: AsyncSession, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:
+    """What a range page shows beside each key: name, links, total credit (disabled accounts left out)."""
+    if not keys:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    if kind == "users":
+        ids = [int(k) for k in keys if k.isdigit()]
+        q = (
+            select(Account.id, Account.name, Team.name, Account.credit_total, Account.team_id)
+            .outerjoin(Team, Team.id == Account.team_id)
+            .where(Account.id.in_(ids), Account.disabled.is_(False))
+        )
+        for aid, name, team, total, tid in (await session.execute(q)).all():
+            out[str(aid)] = {"name": name, "account_id": aid, "account_name": name, "team_name": team,
+                             "team_id": tid, "total": total}  # fmt: skip
+    elif kind == "teams":
+        tq = select(Team.id, Team.name, Team.credit_total).where(Team.id.in_([int(k) for k in keys if k.isdigit()]))
+        for tid, name, total in (await session.execute(tq)).all():
+            out[str(tid)] = {"name": name, "account_id": None, "account_name": None, "team_name": name,
+                             "team_id": tid, "total": total}  # fmt: skip
+    else:
+        hq = (
+            select(Host.peer_id, Account.id, Account.name, Team.name, Host.credit_total, Account.team_id)
+            .join(Account, Account.id == Host.account_id)
+            .outerjoin(Team, Team.id == Account.team_id)
+            .where(Host.peer_id.in_(keys))
+        )
+        for pid, aid, aname, team, total, tid in (await session.execute(hq)).all():
+            out[pid] = {"name": pid, "account_id": aid, "account_name": aname, "team_name": team,
+                        "team_id": tid, "total": total}  # fmt: skip
+    return out

@@ -73,6 +73,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_ledger.setup_routes(app, api_ledger.LedgerDeps(services.sessions, costs, verifier))
     api_swarm.setup_routes(app)
     site.setup_routes(app)
+    site.start_jobs(app, site.services_sessions, site.services_exports_dir)  # range sums, daily dumps
     return app
 
 
@@ -118,7 +119,7 @@ async def start_full(config: CoordinatorConfig, services: Services | None = None
 
 
 async def _serve(app: web.Application, host: str, port: int) -> RunningCoordinator:
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, max_line_size=site.MAX_REQUEST_LINE)
     await runner.setup()
     tcp = web.TCPSite(runner, host, port)
     await tcp.start()

@@ -9,6 +9,7 @@
 - ``templates/``, ``static/``: the layout and one stylesheet; nothing is loaded from elsewhere.
 """
 
-from .routes import setup_routes
+from .jobs import start_jobs
+from .routes import MAX_REQUEST_LINE, services_exports_dir, services_sessions, setup_routes
 
-__all__ = ["setup_routes"]
+__all__ = ["MAX_REQUEST_LINE", "services_exports_dir", "services_sessions", "setup_routes", "start_jobs"]

@@ -81,6 +81,8 @@ def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> 
             f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 5}"/>'
         )
         minor = " minor" if j % 2 else ""
+        if i == n - 1 and n > 1:
+            minor += " last"  # anchored at its end: centred, today's date would run off the right edge
         parts.append(
             f'<text class="xlabel{minor}" x="{xx:.1f}" y="{HEIGHT - 10}">{day_label(points[i].day)}</text>'
         )

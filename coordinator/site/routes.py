@@ -37,6 +37,9 @@ ConfigGetter = Callable[[web.Application], CoordinatorConfig]
 OnlineGetter = Callable[[web.Application], Sequence[str] | None]
 ExportsGetter = Callable[[web.Application], Path]
 log = logging.getLogger(__name__)
+#: Request lines the server accepts (aiohttp's default is 8190 bytes): long enough that an oversized
+#: search reaches the site and gets its own clear 400 page instead of a bare parser error.
+MAX_REQUEST_LINE = 16 * 1024
 #: Versioned static files (``?v=<hash>``) never change under their URL.
 STATIC_CACHE = "public, max-age=31536000, immutable"
 

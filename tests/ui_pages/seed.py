@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import math
 import random
+from datetime import UTC, datetime
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -146,7 +147,7 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
     rng = random.Random(7)
     ids: dict[str, int] = {}
     async with sessions() as s, s.begin():
-        teams = [Team(name=t) for t in TEAMS]
+        teams = [Team(name=t, created_at=datetime.fromtimestamp(NOW - (90 + 30 * k) * 86400, UTC)) for k, t in enumerate(TEAMS)]
         s.add_all(teams)
         hosts: list[Host] = []
         plans: list[tuple[Account, list[float]]] = []
@@ -168,6 +169,7 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                 daily.append(max(0.0, v))
             if i % 9 == 4:
                 daily[-14:] = [0.0] * 14  # stopped two weeks ago: recent credit decays
+            a.created_at = datetime.fromtimestamp(NOW - (60 - start) * 86400 - 3600, UTC)
             plans.append((a, daily))
             s.add(a)
             for k in range(rng.choice([1, 1, 2, 3])):
@@ -238,4 +240,5 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
 REALISTIC_EXPERIMENTS = [
     ExperimentConfig(name="transformer-moe", expert_type="ffn", grid=[8, 8], replication=2),
     ExperimentConfig(name="small-ffn", expert_type="ffn", grid=[32], replication=2),
+    ExperimentConfig(name="wide-ffn", expert_type="ffn", grid=[2, 30], replication=2),  # drawn dense
 ]

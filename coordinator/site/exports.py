@@ -6,7 +6,7 @@ over its final name: a rename within one directory is atomic, so a reader (or th
 dump or the whole new one, and a job killed mid-write leaves only a hidden partial file that ``listing``
 never shows and the next run deletes. One job writes a directory at a time (the periodic job).
 
-Rows are read in keyset batches and compressed in a worker thread, so a dump of 100,000 users does
+Rows are read in keyset batches and formatted and compressed in a worker thread, so a dump of 100,000 users does
 not hold the event loop (pages keep being served meanwhile). ``COLUMNS`` documents every column; the
 exports page prints it.
 """
@@ -34,7 +34,7 @@ from ..ledger import decay, rac_per_day
 
 KINDS = ("users", "teams", "hosts")
 FORMATS = ("csv", "json")
-BATCH = 5000
+BATCH = 2000
 KEEP_DAYS = 7
 NAME_RE = re.compile(r"^(users|teams|hosts)-(\d{4}-\d{2}-\d{2})\.(csv|json)\.gz$")
 
@@ -181,8 +181,8 @@ def clean_partials(directory: Path) -> int:
     return n
 
 
-async def _rows(session: AsyncSession, kind: str, now: float) -> AsyncIterator[list[dict[str, Any]]]:
-    """Batches of dump rows in key order (keyset paging: each batch is one index range)."""
+async def _batches(session: AsyncSession, kind: str) -> AsyncIterator[list[tuple[Any, ...]]]:
+    """Raw rows in key order, ``BATCH`` at a time (keyset paging: each batch is one index range)."""
     last: Any = None
     while True:
         if kind == "users":
@@ -210,28 +210,32 @@ async def _rows(session: AsyncSession, kind: str, now: float) -> AsyncIterator[l
                        Host.requests_served, Host.last_seen, Host.flagged).order_by(Host.peer_id)  # fmt: skip
             if last is not None:
                 q = q.where(Host.peer_id > last)
-        rows = (await session.execute(q.limit(BATCH))).all()
+        rows = [tuple(r) for r in (await session.execute(q.limit(BATCH))).all()]
         if not rows:
             return
         last = rows[-1][0]
-        out = []
-        for r in rows:
-            if kind == "users":
-                rac = rac_per_day(decay(r[5], r[6], now))
-                out.append({"id": r[0], "name": r[1], "team_id": r[2], "team": r[3], "credit_total": r[4],
-                            "credit_recent_per_day": round(rac, 6), "joined": _dt(r[7])})  # fmt: skip
-            elif kind == "teams":
-                rac = rac_per_day(decay(r[4], r[5], now))
-                out.append({"id": r[0], "name": r[1], "members": int(r[2]), "credit_total": r[3],
-                            "credit_recent_per_day": round(rac, 6), "created": _dt(r[6])})  # fmt: skip
-            else:
-                rac = rac_per_day(decay(r[3], r[4], now))
-                out.append({"peer_id": r[0], "account_id": r[1], "credit_total": r[2],
-                            "credit_recent_per_day": round(rac, 6), "requests_served": int(r[5]),
-                            "last_seen": _iso(r[6]), "flagged": bool(r[7])})  # fmt: skip
-        yield out
+        yield rows
         if len(rows) < BATCH:
             return
+
+
+def _records(kind: str, rows: list[tuple[Any, ...]], now: float) -> list[dict[str, Any]]:
+    out = []
+    for r in rows:
+        if kind == "users":
+            rac = rac_per_day(decay(r[5], r[6], now))
+            out.append({"id": r[0], "name": r[1], "team_id": r[2], "team": r[3], "credit_total": r[4],
+                        "credit_recent_per_day": round(rac, 6), "joined": _dt(r[7])})  # fmt: skip
+        elif kind == "teams":
+            rac = rac_per_day(decay(r[4], r[5], now))
+            out.append({"id": r[0], "name": r[1], "members": int(r[2]), "credit_total": r[3],
+                        "credit_recent_per_day": round(rac, 6), "created": _dt(r[6])})  # fmt: skip
+        else:
+            rac = rac_per_day(decay(r[3], r[4], now))
+            out.append({"peer_id": r[0], "account_id": r[1], "credit_total": r[2],
+                        "credit_recent_per_day": round(rac, 6), "requests_served": int(r[5]),
+                        "last_seen": _iso(r[6]), "flagged": bool(r[7])})  # fmt: skip
+    return out
 
 
 def _csv_chunk(kind: str, rows: list[dict[str, Any]], header: bool) -> bytes:
@@ -265,9 +269,8 @@ async def write_dumps(
         try:
             first = True
             async with sessions() as session:
-                async for batch in _rows(session, kind, now):
-                    c, j = _csv_chunk(kind, batch, first), _json_chunk(batch, first)
-                    await asyncio.to_thread(_write_both, csv_w, c, json_w, j)
+                async for batch in _batches(session, kind):
+                    await asyncio.to_thread(_write_batch, kind, batch, now, first, csv_w, json_w)
                     first = False
             if first:
                 csv_w.write(_csv_chunk(kind, [], True))
@@ -287,9 +290,13 @@ async def write_dumps(
     return written
 
 
-def _write_both(a: _Writer, da: bytes, b: _Writer, db: bytes) -> None:
-    a.write(da)
-    b.write(db)
+def _write_batch(
+    kind: str, rows: list[tuple[Any, ...]], now: float, first: bool, csv_w: _Writer, json_w: _Writer
+) -> None:
+    """Format and compress one batch (in a worker thread: the event loop keeps serving pages)."""
+    records = _records(kind, rows, now)
+    csv_w.write(_csv_chunk(kind, records, first))
+    json_w.write(_json_chunk(records, first))
 
 
 def prune(directory: Path, keep: int) -> list[str]:

@@ -25,6 +25,7 @@ RANGES: tuple[Range, ...] = ("all", "month", "week", "day")
 RANGE_DAYS: dict[str, int] = {"day": 1, "week": 7, "month": 30}
 RANGE_LABELS: dict[str, str] = {"all": "All time", "month": "30 days", "week": "7 days", "day": "Today"}
 SUBJECT = {"users": "account", "teams": "team", "hosts": "host"}
+_COUNTS: dict[tuple[str, int, float | None], int] = {}
 
 
 async def refresh(sessions: async_sessionmaker[AsyncSession], now: float) -> int:
@@ -86,10 +87,21 @@ async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_
         .limit(per_page + 1)
     )
     rows = (await session.execute(q)).all()
-    count = int(
-        (await session.execute(select(func.count()).select_from(CreditRange).where(_where(kind, days)))).scalar_one()
-    )
     computed = rows[0][2] if rows else await computed_at(session)
+    # Every page of one refresh has the same count: counted once per refresh (an index scan of all
+    # the range's rows, the slowest part of a page otherwise).
+    cache_key = (kind, days, computed)
+    count = _COUNTS.get(cache_key)
+    if count is None:
+        count = int(
+            (
+                await session.execute(select(func.count()).select_from(CreditRange).where(_where(kind, days)))
+            ).scalar_one()
+        )
+        if computed is not None:
+            if len(_COUNTS) > 64:
+                _COUNTS.clear()
+            _COUNTS[cache_key] = count
     out = [RangeRow(offset + i + 1, sid, float(c)) for i, (sid, c, _) in enumerate(rows[:per_page])]
     return RangePage(out, count, len(rows) > per_page, computed)
 

@@ -53,8 +53,8 @@ from coordinator.ledger import DAY_S, ingest
 from coordinator.receipts import Verifier, sign_receipt
 from coordinator.site import exports as site_exports
 from coordinator.site import queries as site_queries
-from coordinator.site import rank as site_rank
 from coordinator.site import ranges as site_ranges
+from coordinator.site import rank as site_rank
 from coordinator.site import search as site_search
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import SignedDescription
@@ -619,7 +619,9 @@ if __name__ == "__main__":
         help="signature-checking processes (0: in-process)",
     )
     parser.add_argument(
-        "--site", action="store_true", help="only the site's figures (search, ranges, dump): no signaling, ingestion"
+        "--site",
+        action="store_true",
+        help="only the site's figures (search, ranges, dump): no signaling, ingestion",
     )
     parser.add_argument("--databases", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
     parser.add_argument("--serve-signaling", action="store_true", help=argparse.SUPPRESS)

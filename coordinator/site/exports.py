@@ -6,14 +6,15 @@ over its final name: a rename within one directory is atomic, so a reader (or th
 dump or the whole new one, and a job killed mid-write leaves only a hidden partial file that ``listing``
 never shows and the next run deletes. One job writes a directory at a time (the periodic job).
 
-Rows are read in keyset batches and formatted and compressed in a worker thread, so a dump of 100,000 users does
-not hold the event loop (pages keep being served meanwhile). ``COLUMNS`` documents every column; the
-exports page prints it.
+Rows are read in keyset batches and formatted and compressed in a worker thread, so a dump of
+100,000 users does not hold the event loop (pages keep being served meanwhile). ``COLUMNS``
+documents every column; the exports page prints it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import csv
 import gzip
 import io
@@ -143,10 +144,8 @@ class _Writer:
 
     def abort(self) -> None:
         for f in (self._gz, self._raw):
-            try:
+            with contextlib.suppress(OSError):
                 f.close()
-            except OSError:
-                pass
         self.tmp.unlink(missing_ok=True)
 
 
@@ -206,8 +205,9 @@ async def _batches(session: AsyncSession, kind: str) -> AsyncIterator[list[tuple
             if last is not None:
                 q = q.where(Team.id > last)
         else:
-            q = select(Host.peer_id, Host.account_id, Host.credit_total, Host.credit_recent, Host.credit_recent_at,
-                       Host.requests_served, Host.last_seen, Host.flagged).order_by(Host.peer_id)  # fmt: skip
+            q = select(Host.peer_id, Host.account_id, Host.credit_total, Host.credit_recent,
+                       Host.credit_recent_at, Host.requests_served, Host.last_seen,
+                       Host.flagged).order_by(Host.peer_id)  # fmt: skip
             if last is not None:
                 q = q.where(Host.peer_id > last)
         rows = [tuple(r) for r in (await session.execute(q.limit(BATCH))).all()]
@@ -245,7 +245,9 @@ def _csv_chunk(kind: str, rows: list[dict[str, Any]], header: bool) -> bytes:
     if header:
         w.writerow(cols)
     for r in rows:
-        w.writerow(["" if r[c] is None else str(r[c]).lower() if isinstance(r[c], bool) else r[c] for c in cols])
+        w.writerow(
+            ["" if r[c] is None else str(r[c]).lower() if isinstance(r[c], bool) else r[c] for c in cols]
+        )
     return buf.getvalue().encode()
 
 
@@ -255,12 +257,15 @@ def _json_chunk(rows: list[dict[str, Any]], first: bool) -> bytes:
 
 
 async def write_dumps(
-    sessions: async_sessionmaker[AsyncSession], directory: Path, now: float | None = None, keep: int = KEEP_DAYS
+    sessions: async_sessionmaker[AsyncSession],
+    directory: Path,
+    now: float | None = None,
+    keep: int = KEEP_DAYS,
 ) -> list[Path]:
     """Write today's six dumps into ``directory``, then drop dumps older than ``keep`` days."""
     now = time.time() if now is None else now
     date = time.strftime("%Y-%m-%d", time.gmtime(now))
-    directory.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(directory.mkdir, parents=True, exist_ok=True)
     await asyncio.to_thread(clean_partials, directory)
     written: list[Path] = []
     for kind in KINDS:

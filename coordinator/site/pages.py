@@ -10,7 +10,7 @@ import re
 from aiohttp import web
 
 from ..leaderboard import MAX_DEPTH
-from . import exports, rank, ranges, search, subjects
+from . import exports, ranges, rank, search, subjects
 from .chart import chart_summary, credit_chart
 from .queries import KINDS, SORTS
 from .routes import (
@@ -64,7 +64,11 @@ async def rank_page(request: web.Request) -> web.Response:
     sort = order if order in SORTS else "total"
     if pos is None or pos > MAX_DEPTH:
         label = ranges.RANGE_LABELS[rng] if rng != "all" else f"{sort} credit"
-        why = "has no credit in this range" if pos is None and rng != "all" else "is ranked below the listed pages"
+        why = (
+            "has no credit in this range"
+            if pos is None and rng != "all"
+            else "is ranked below the listed pages"
+        )
         return render(
             request, "rank.html", nav="leaderboard", name=name, why=why, label=label, kind=kind, key=key
         )

@@ -108,7 +108,16 @@ async def leaderboard_page(
         if kind == "users":
             aid = int(e.id)
             row = LeaderRow(
-                e.rank, e.id, e.name, aid, e.name, e.team, None, e.credit_total, e.rac_per_day, teams.get(e.id)
+                e.rank,
+                e.id,
+                e.name,
+                aid,
+                e.name,
+                e.team,
+                None,
+                e.credit_total,
+                e.rac_per_day,
+                teams.get(e.id),
             )
         elif kind == "teams":
             row = LeaderRow(

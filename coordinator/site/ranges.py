@@ -126,8 +126,7 @@ async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> in
             .select_from(CreditRange)
             .where(
                 _where(kind, days),
-                (CreditRange.credit > mine)
-                | ((CreditRange.credit == mine) & (CreditRange.subject_id > key)),
+                (CreditRange.credit > mine) | ((CreditRange.credit == mine) & (CreditRange.subject_id > key)),
             )
         )
     ).scalar_one()
@@ -150,7 +149,9 @@ async def names(session: AsyncSession, kind: str, keys: list[str]) -> dict[str, 
             out[str(aid)] = {"name": name, "account_id": aid, "account_name": name, "team_name": team,
                              "team_id": tid, "total": total}  # fmt: skip
     elif kind == "teams":
-        tq = select(Team.id, Team.name, Team.credit_total).where(Team.id.in_([int(k) for k in keys if k.isdigit()]))
+        tq = select(Team.id, Team.name, Team.credit_total).where(
+            Team.id.in_([int(k) for k in keys if k.isdigit()])
+        )
         for tid, name, total in (await session.execute(tq)).all():
             out[str(tid)] = {"name": name, "account_id": None, "account_name": None, "team_name": name,
                              "team_id": tid, "total": total}  # fmt: skip

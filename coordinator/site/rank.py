@@ -52,12 +52,12 @@ async def resolve(session: AsyncSession, kind: str, raw: str) -> tuple[str, str]
         ).all()
         return (rows[0][0], rows[0][0]) if len(rows) == 1 else None
     table, key, where = _table(kind)
-    q = select(key, table.name).where(func.lower(table.name) == fold(query, dialect))
+    q: Any = select(key, table.name).where(func.lower(table.name) == fold(query, dialect))
     if where is not None:
         q = q.where(where)
-    rows = (await session.execute(q.order_by(key).limit(2))).all()
-    exact = [r for r in rows if r[1] == query]
-    row = exact[0] if exact else rows[0] if len(rows) == 1 else None
+    named: list[Any] = list((await session.execute(q.order_by(key).limit(2))).all())
+    exact = [r for r in named if r[1] == query]
+    row = exact[0] if exact else named[0] if len(named) == 1 else None
     return None if row is None else (str(row[0]), str(row[1]))
 
 

@@ -18,8 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ..config import CoordinatorConfig
 from ..leaderboard import MAX_DEPTH, LeaderboardError
 from ..services import SERVICES
-from . import queries
-from . import ranges, subjects
+from . import queries, ranges, subjects
 from .chart import chart_summary, credit_chart, day_label
 from .queries import KINDS, SORTS, ExperimentCoverage, Kind, Sort
 
@@ -121,7 +120,9 @@ def setup_routes(
     """
     from . import pages  # its handlers use this module's helpers
 
-    app[SITE] = SiteContext(get_sessions, get_config, get_online, make_env(), per_page, clock, get_exports_dir)
+    app[SITE] = SiteContext(
+        get_sessions, get_config, get_online, make_env(), per_page, clock, get_exports_dir
+    )
     r = app.router
     r.add_get("/", index, name="site.index")
     r.add_get("/leaderboard", leaderboard_page, name="site.leaderboard")

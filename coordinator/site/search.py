@@ -5,11 +5,11 @@ peer ids on the primary key, so a search costs the same with ten accounts or a m
 
 What a visitor types is normalised before it reaches SQL (pure functions, tested without a database):
 
-- NFKC, surrounding blanks trimmed: full-width "Ａｄａ" finds "Ada";
+- NFKC, surrounding blanks trimmed: full-width letters find their ASCII forms;
 - ``%``, ``_`` and ``\\`` are escaped: they match themselves, never act as wildcards;
 - longer than any name can be (``MAX_QUERY``): refused with a ``SearchError`` (a 400 page);
 - empty: no query at all, the page just shows the form;
-- confusables: a query written with Cyrillic or Greek lookalikes ("Аdа" with Cyrillic А and а) also
+- confusables: a query written with Cyrillic or Greek lookalikes ("Ada" typed with a Cyrillic A) also
   searches its Latin skeleton ("ada"), so a lookalike finds the name it imitates.
 
 SQLite's ``lower()`` folds ASCII letters only (PostgreSQL's folds all of Unicode), so the query is folded
@@ -34,18 +34,15 @@ MAX_PAGE = 200
 HEX = frozenset("0123456789abcdef")
 TOP = "\U0010ffff"  # above every other code point: "abc" <= x < "abc" + TOP holds every x starting "abc"
 
-#: Lookalikes from other scripts and their Latin twins (the common subset of Unicode's confusables).
+#: Lookalikes from other scripts and their Latin twins (the common subset of Unicode's confusables):
+#: Cyrillic a, ve, ie, io, ka, em, en, o, er, es, te, u, ha, i, yi, je, dze, shha, komi de, qa, we,
+#: palochka; Greek alpha, beta, epsilon, iota, kappa, nu, omicron, rho, tau, upsilon, chi, gamma, omega.
 CONFUSABLES = str.maketrans(
-    {
-        # Cyrillic
-        "а": "a", "в": "b", "е": "e", "ё": "e", "к": "k", "м": "m", "н": "h", "о": "o", "р": "p",
-        "с": "c", "т": "t", "у": "y", "х": "x", "і": "i", "ї": "i", "ј": "j", "ѕ": "s", "һ": "h",
-        "ԁ": "d", "ԛ": "q", "ԝ": "w", "ӏ": "l",
-        # Greek
-        "α": "a", "β": "b", "ε": "e", "ι": "i", "κ": "k", "ν": "v", "ο": "o", "ρ": "p", "τ": "t",
-        "υ": "u", "χ": "x", "γ": "y", "ω": "w",
-    }
-)  # fmt: skip
+    "\u0430\u0432\u0435\u0451\u043a\u043c\u043d\u043e\u0440\u0441\u0442"
+    "\u0443\u0445\u0456\u0457\u0458\u0455\u04bb\u0501\u051b\u051d\u04cf"
+    "\u03b1\u03b2\u03b5\u03b9\u03ba\u03bd\u03bf\u03c1\u03c4\u03c5\u03c7\u03b3\u03c9",
+    "abeekmhopctyxiijshdqwlabeikvoptuxyw",
+)
 
 
 class SearchError(ValueError):
@@ -110,7 +107,7 @@ def variants(query: str, dialect: str) -> tuple[str, ...]:
 
 def _name_match(column: Any, prefixes: tuple[str, ...], dialect: str) -> Any:
     lowered = func.lower(column)
-    terms = []
+    terms: list[Any] = []
     for p in prefixes:
         like = lowered.like(escape_like(p), escape="\\")
         if dialect == "postgresql":
@@ -120,9 +117,7 @@ def _name_match(column: Any, prefixes: tuple[str, ...], dialect: str) -> Any:
     return or_(*terms)
 
 
-async def search(
-    session: AsyncSession, raw: str, scope: Scope, page: int = 1, per_page: int = 25
-) -> Results:
+async def search(session: AsyncSession, raw: str, scope: Scope, page: int = 1, per_page: int = 25) -> Results:
     if scope not in SCOPES:
         raise SearchError(f"search in one of: {', '.join(SCOPES)}")
     if not 1 <= page <= MAX_PAGE:
@@ -133,6 +128,7 @@ async def search(
     hits: list[Hit] = []
     rows: list[Any] = []
     offset = (page - 1) * per_page
+    q: Any
     if scope == "users" and query:
         q = (
             select(Account.id, Account.name, Team.name, Account.credit_total)

@@ -106,14 +106,17 @@ async def team(
             await session.execute(
                 select(func.count())
                 .select_from(Team)
-                .where((Team.credit_total > t.credit_total) | ((Team.credit_total == t.credit_total) & (Team.id > t.id)))
+                .where(
+                    (Team.credit_total > t.credit_total)
+                    | ((Team.credit_total == t.credit_total) & (Team.id > t.id))
+                )
             )
         ).scalar_one()
         active = (Account.team_id == team_id) & Account.disabled.is_(False)
         count = (await session.execute(select(func.count()).select_from(Account).where(active))).scalar_one()
         mq = (
-            select(Account.id, Account.name, Account.credit_total, Account.credit_recent, Account.credit_recent_at,
-                   Account.created_at)
+            select(Account.id, Account.name, Account.credit_total, Account.credit_recent,
+                   Account.credit_recent_at, Account.created_at)
             .where(active)
             .order_by(Account.credit_total.desc(), Account.id.desc())
             .offset((page - 1) * per_page)
@@ -198,9 +201,13 @@ class AccountExtras:
     milestones: list[Milestone]
 
 
-async def account_extras(sessions: async_sessionmaker[AsyncSession], account_id: int, total: float) -> AccountExtras:
+async def account_extras(
+    sessions: async_sessionmaker[AsyncSession], account_id: int, total: float
+) -> AccountExtras:
     async with sessions() as session:
-        row = (await session.execute(select(Account.created_at, Account.team_id).where(Account.id == account_id))).first()
+        row = (
+            await session.execute(select(Account.created_at, Account.team_id).where(Account.id == account_id))
+        ).first()
         rows = await daily(session, "account", str(account_id))
     joined, team_id = (row[0], row[1]) if row is not None else (None, None)
     return AccountExtras(joined, team_id, milestones(total, [CreditPoint(d, c) for d, c in rows]))

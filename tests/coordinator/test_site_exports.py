@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import csv
 import gzip
 import io
@@ -9,7 +10,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -34,7 +34,9 @@ def read_gz(path: Path) -> str:
     return gzip.decompress(path.read_bytes()).decode()
 
 
-async def test_dumps_hold_every_enabled_subject_with_documented_columns(db: AsyncEngine, tmp_path: Path) -> None:
+async def test_dumps_hold_every_enabled_subject_with_documented_columns(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
     sessions = session_factory(db)
     await seed_small(sessions)
     written = await exports.write_dumps(sessions, tmp_path, NOW)
@@ -128,20 +130,26 @@ async def test_a_dump_killed_mid_write_leaves_the_previous_one_served(
     await exports.write_dumps(session_factory(db), directory, NOW - 86400)  # yesterday's dumps
     before = {d.name: (directory / d.name).read_bytes() for d in exports.listing(directory)}
     name = f"users-{DAY}.csv.gz"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", KILLED_WRITER, str(directory), name],
-        stdout=subprocess.PIPE,
-        cwd=Path(__file__).resolve().parents[2],
-        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    root = str(Path(__file__).parents[2])
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        KILLED_WRITER,
+        str(directory),
+        name,
+        stdout=asyncio.subprocess.PIPE,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": root},
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == b"written"  # blocks until the writer is mid-file
+        line = await asyncio.wait_for(proc.stdout.readline(), timeout=60)
+        assert line.strip() == b"written"  # the writer is now mid-file
         partial = [p for p in directory.iterdir() if p.name.startswith(f".{name}.partial-")]
         assert len(partial) == 1
     finally:
         proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
+        await asyncio.wait_for(proc.wait(), timeout=30)
     assert partial[0].exists() and partial[0].stat().st_size > 0  # the half-written file is left...
     assert not (directory / name).exists()  # ...under a hidden name only
     assert {d.name: (directory / d.name).read_bytes() for d in exports.listing(directory)} == before

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hashlib
 import math
 import random
-from datetime import UTC, datetime
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -147,7 +147,10 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
     rng = random.Random(7)
     ids: dict[str, int] = {}
     async with sessions() as s, s.begin():
-        teams = [Team(name=t, created_at=datetime.fromtimestamp(NOW - (90 + 30 * k) * 86400, UTC)) for k, t in enumerate(TEAMS)]
+        teams = [
+            Team(name=t, created_at=datetime.fromtimestamp(NOW - (90 + 30 * k) * 86400, UTC))
+            for k, t in enumerate(TEAMS)
+        ]
         s.add_all(teams)
         hosts: list[Host] = []
         plans: list[tuple[Account, list[float]]] = []
@@ -214,7 +217,10 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                     if v > 0:
                         s.add(
                             CreditDay(
-                                subject_kind="host", subject_id=h.peer_id, day=TODAY - 59 + d, credit=v / len(mine)
+                                subject_kind="host",
+                                subject_id=h.peer_id,
+                                day=TODAY - 59 + d,
+                                credit=v / len(mine),
                             )
                         )
         for (tid, d), v in team_days.items():

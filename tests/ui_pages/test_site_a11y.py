@@ -106,9 +106,7 @@ async def browser() -> AsyncIterator[Browser]:
 async def audit(page: Any) -> list[dict[str, Any]]:
     """axe-core's serious and critical violations on the loaded page."""
     await page.add_script_tag(path=str(AXE))
-    result = await page.evaluate(
-        "async () => await axe.run(document, {resultTypes: ['violations']})"
-    )
+    result = await page.evaluate("async () => await axe.run(document, {resultTypes: ['violations']})")
     return [
         {
             "id": v["id"],
@@ -121,44 +119,47 @@ async def audit(page: Any) -> list[dict[str, Any]]:
     ]
 
 
-async def test_every_page_type_passes_axe_and_fits(site: tuple[str, dict[str, str]], browser: Browser) -> None:
+async def test_every_page_type_passes_axe_and_fits(
+    site: tuple[str, dict[str, str]], browser: Browser
+) -> None:
     assert AXE.exists(), "axe-core is missing: run `make test` (npm ci in tests/ui_pages)"
     base, pages = site
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     problems: dict[str, Any] = {}
     statuses: dict[str, int] = {}
-    for vp, (width, height) in VIEWPORTS.items():
+    for width, height in VIEWPORTS.values():
         for scheme in SCHEMES:
-            if True:
-                context = await browser.new_context(
-                    viewport={"width": width, "height": height},
-                    color_scheme=scheme,  # type: ignore[arg-type]
-                    bypass_csp=True,
-                    java_script_enabled=True,
-                )
-                try:
-                    page = await context.new_page()
-                    page.set_default_timeout(TIMEOUT_MS)
-                    for name, path in pages.items():
-                        resp = await page.goto(base + path)
-                        assert resp is not None
-                        statuses[name] = resp.status
-                        where = f"{name} @ {width}px {scheme}"
-                        widths = await page.evaluate(
-                            "() => [document.documentElement.scrollWidth, window.innerWidth]"
+            context = await browser.new_context(
+                viewport={"width": width, "height": height},
+                color_scheme=scheme,  # type: ignore[arg-type]
+                bypass_csp=True,
+                java_script_enabled=True,
+            )
+            try:
+                page = await context.new_page()
+                page.set_default_timeout(TIMEOUT_MS)
+                for name, path in pages.items():
+                    resp = await page.goto(base + path)
+                    assert resp is not None
+                    statuses[name] = resp.status
+                    where = f"{name} @ {width}px {scheme}"
+                    widths = await page.evaluate(
+                        "() => [document.documentElement.scrollWidth, window.innerWidth]"
+                    )
+                    if widths[0] > widths[1]:
+                        problems[where + " width"] = (
+                            f"page is {widths[0]} px wide in a {widths[1]} px viewport"
                         )
-                        if widths[0] > widths[1]:
-                            problems[where + " width"] = f"page is {widths[0]} px wide in a {widths[1]} px viewport"
-                        found = await audit(page)
-                        if found:
-                            problems[where + " axe"] = found
-                        await page.screenshot(
-                            path=str(SCREENSHOTS / f"{name}-{width}-{scheme}.png"),
-                            full_page=True,
-                            timeout=TIMEOUT_MS,
-                        )
-                finally:
-                    await context.close()
+                    found = await audit(page)
+                    if found:
+                        problems[where + " axe"] = found
+                    await page.screenshot(
+                        path=str(SCREENSHOTS / f"{name}-{width}-{scheme}.png"),
+                        full_page=True,
+                        timeout=TIMEOUT_MS,
+                    )
+            finally:
+                await context.close()
     assert not problems, json.dumps(problems, indent=1)
     assert statuses["not-found"] == 404 and statuses["bad-request"] == 400
     assert all(s == 200 for n, s in statuses.items() if n not in ("not-found", "bad-request")), statuses
@@ -168,7 +169,9 @@ async def test_every_page_type_passes_axe_and_fits(site: tuple[str, dict[str, st
                 assert (SCREENSHOTS / f"{name}-{width}-{scheme}.png").stat().st_size > 5_000
 
 
-async def test_forced_colours_keep_the_grid_readable(site: tuple[str, dict[str, str]], browser: Browser) -> None:
+async def test_forced_colours_keep_the_grid_readable(
+    site: tuple[str, dict[str, str]], browser: Browser
+) -> None:
     """In forced-colours mode the grid's cells still say how many hosts serve each expert (text, and
     solid/dashed/dotted borders), not just a colour the mode erases."""
     base, _ = site
@@ -182,7 +185,9 @@ async def test_forced_colours_keep_the_grid_readable(site: tuple[str, dict[str, 
         styles = await cells.evaluate_all("cs => cs.map(c => getComputedStyle(c).borderTopStyle)")
         classes = await cells.evaluate_all("cs => cs.map(c => c.className)")
         by_level = {c: {s for s, k in zip(styles, classes, strict=True) if k == c} for c in set(classes)}
-        assert by_level.get("cov-low", {"dashed"}) == {"dashed"} and by_level.get("cov-none", {"dotted"}) == {"dotted"}
+        assert by_level.get("cov-low", {"dashed"}) == {"dashed"} and by_level.get("cov-none", {"dotted"}) == {
+            "dotted"
+        }
         assert by_level["cov-ok"] == {"solid"}
         dense = await page.locator("table.grid.dense td").all_inner_texts()
         assert dense and set(dense) <= {"●", "◐", "○"}

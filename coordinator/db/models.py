@@ -149,15 +149,24 @@ class CreditDay(Base):
 class CreditRange(Base):
     """Credit per subject over the last ``days`` UTC days (1, 7, 30), summed from ``credit_days`` by
     the site's periodic refresh (``coordinator.site.ranges``): range leaderboards read this indexed
-    table instead of summing rollups (or receipts) per page view. ``computed_at``: when (unix time)."""
+    table instead of summing rollups (or receipts) per page view. ``computed_at`` (unix time) names
+    the refresh that wrote the row: a generation, published in ``credit_range_runs``."""
 
     __tablename__ = "credit_ranges"
     subject_kind: Mapped[str] = mapped_column(String(8), primary_key=True)
     days: Mapped[int] = mapped_column(Integer, primary_key=True)
+    computed_at: Mapped[float] = mapped_column(Float, primary_key=True)
     subject_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
     credit: Mapped[float] = mapped_column(Float, nullable=False)
+    __table_args__ = (Index("ix_credit_ranges_rank", "subject_kind", "days", "computed_at", "credit"),)
+
+
+class CreditRangeRun(Base):
+    """Which generation of ``credit_ranges`` pages read, per window: the last complete refresh."""
+
+    __tablename__ = "credit_range_runs"
+    days: Mapped[int] = mapped_column(Integer, primary_key=True)
     computed_at: Mapped[float] = mapped_column(Float, nullable=False)
-    __table_args__ = (Index("ix_credit_ranges_rank", "subject_kind", "days", "credit"),)
 
 
 class SpotCheckFlag(Base):

@@ -2,22 +2,29 @@
 
 A range is whole UTC days ending today: ``day`` is the current UTC day, ``week`` the last 7, ``month``
 the last 30 ("all time" is the leaderboard's own ``credit_total`` order). ``refresh`` sums
-``credit_days`` over each window into ``credit_ranges`` (one INSERT ... SELECT per window, inside one
-transaction, so readers see the old table or the new one, never half of each); pages then read one
-index range of ``credit_ranges`` instead of summing rollups per view, and receipts are never scanned.
-The periodic job (``coordinator.site.jobs``) refreshes every few minutes, so a range is at most that
-stale; the page says when it was computed.
+``credit_days`` over each window into ``credit_ranges``; pages then read one index range of
+``credit_ranges`` instead of summing rollups per view, and receipts are never scanned. The periodic
+job (``coordinator.site.jobs``) refreshes every few minutes, so a range is at most that stale; the
+page says when it was computed.
+
+A refresh never holds the database's write lock for long (SQLite has one lock for all writers, and
+receipt ingestion must not wait seconds for it): the sums are read first (a read, streamed), then
+written as a new *generation* (``computed_at``) in transactions of ``CHUNK`` rows, published by one
+tiny update of ``credit_range_runs``, and the old generation is deleted in chunks. Readers read the
+published generation only, so they see the old sums or the new ones, never a mix; a refresh killed
+half-way leaves an unpublished generation that the next one deletes.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import and_, delete, func, insert, literal, select
+from sqlalchemy import and_, delete, func, insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ..db.models import Account, CreditDay, CreditRange, Host, Team
+from ..db.models import Account, CreditDay, CreditRange, CreditRangeRun, Host, Team
 from ..ledger import DAY_S
 
 Range = Literal["day", "week", "month", "all"]
@@ -25,35 +32,68 @@ RANGES: tuple[Range, ...] = ("all", "month", "week", "day")
 RANGE_DAYS: dict[str, int] = {"day": 1, "week": 7, "month": 30}
 RANGE_LABELS: dict[str, str] = {"all": "All time", "month": "30 days", "week": "7 days", "day": "Today"}
 SUBJECT = {"users": "account", "teams": "team", "hosts": "host"}
+CHUNK = 5000  # rows per write transaction
 _COUNTS: dict[tuple[str, int, float | None], int] = {}
 
 
 async def refresh(sessions: async_sessionmaker[AsyncSession], now: float) -> int:
     """Recompute every range from the rollups; returns the rows written."""
-    today = int(now // DAY_S)
     written = 0
-    async with sessions() as session, session.begin():
-        await session.execute(delete(CreditRange))
-        for days in sorted(set(RANGE_DAYS.values())):
-            summed = (
-                select(
-                    CreditDay.subject_kind,
-                    literal(days),
-                    CreditDay.subject_id,
-                    func.sum(CreditDay.credit),
-                    literal(now),
-                )
-                .where(CreditDay.day > today - days, CreditDay.day <= today)
-                .group_by(CreditDay.subject_kind, CreditDay.subject_id)
-                .having(func.sum(CreditDay.credit) > 0)
-            )
-            result = await session.execute(
-                insert(CreditRange).from_select(
-                    ["subject_kind", "days", "subject_id", "credit", "computed_at"], summed
-                )
-            )
-            written += max(0, result.rowcount or 0)  # type: ignore[attr-defined]
+    for days in sorted(set(RANGE_DAYS.values())):
+        written += await _refresh_window(sessions, days, now)
     return written
+
+
+async def _refresh_window(sessions: async_sessionmaker[AsyncSession], days: int, now: float) -> int:
+    today = int(now // DAY_S)
+    summed = (
+        select(CreditDay.subject_kind, CreditDay.subject_id, func.sum(CreditDay.credit))
+        .where(CreditDay.day > today - days, CreditDay.day <= today)
+        .group_by(CreditDay.subject_kind, CreditDay.subject_id)
+        .having(func.sum(CreditDay.credit) > 0)
+    )
+    written = 0
+    async with sessions() as reader:
+        result = await reader.stream(summed)
+        async for part in result.partitions(CHUNK):
+            rows = [
+                {"subject_kind": k, "days": days, "computed_at": now, "subject_id": sid, "credit": float(c)}
+                for k, sid, c in part
+            ]
+            async with sessions() as writer, writer.begin():
+                await writer.execute(insert(CreditRange), rows)
+            written += len(rows)
+            await asyncio.sleep(0)  # let pages run between chunks
+    async with sessions() as session, session.begin():  # publish: one row
+        await session.execute(delete(CreditRangeRun).where(CreditRangeRun.days == days))
+        session.add(CreditRangeRun(days=days, computed_at=now))
+    await _drop_old(sessions, days, now)
+    return written
+
+
+async def _drop_old(sessions: async_sessionmaker[AsyncSession], days: int, keep: float) -> None:
+    """Delete every generation of the window but ``keep``, ``CHUNK`` rows per transaction."""
+    key = tuple_(CreditRange.subject_kind, CreditRange.computed_at, CreditRange.subject_id)
+    while True:
+        old = (
+            select(CreditRange.subject_kind, CreditRange.computed_at, CreditRange.subject_id)
+            .where(CreditRange.days == days, CreditRange.computed_at != keep)
+            .limit(CHUNK)
+        )
+        async with sessions() as session, session.begin():
+            doomed = (await session.execute(old)).all()
+            if not doomed:
+                return
+            await session.execute(
+                delete(CreditRange).where(CreditRange.days == days, key.in_([tuple(r) for r in doomed]))
+            )
+        await asyncio.sleep(0)
+
+
+async def published(session: AsyncSession, days: int) -> float | None:
+    """The generation pages read for a window (None: never refreshed)."""
+    q = select(CreditRangeRun.computed_at).where(CreditRangeRun.days == days)
+    return (await session.execute(q)).scalar()
 
 
 @dataclass(frozen=True)
@@ -71,23 +111,27 @@ class RangePage:
     computed_at: float | None  # None: never refreshed
 
 
-def _where(kind: str, days: int) -> Any:
-    return and_(CreditRange.subject_kind == SUBJECT[kind], CreditRange.days == days)
+def _where(kind: str, days: int, generation: float | None) -> Any:
+    return and_(
+        CreditRange.subject_kind == SUBJECT[kind],
+        CreditRange.days == days,
+        CreditRange.computed_at == (generation if generation is not None else -1.0),
+    )
 
 
 async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_page: int) -> RangePage:
     """One page of subjects by credit in the range, best first (ties: higher id first, as 'total')."""
     days = RANGE_DAYS[rng]
     offset = (page - 1) * per_page
+    computed = await published(session, days)
     q = (
-        select(CreditRange.subject_id, CreditRange.credit, CreditRange.computed_at)
-        .where(_where(kind, days))
+        select(CreditRange.subject_id, CreditRange.credit)
+        .where(_where(kind, days, computed))
         .order_by(CreditRange.credit.desc(), CreditRange.subject_id.desc())
         .offset(offset)
         .limit(per_page + 1)
     )
     rows = (await session.execute(q)).all()
-    computed = rows[0][2] if rows else await computed_at(session)
     # Every page of one refresh has the same count: counted once per refresh (an index scan of all
     # the range's rows, the slowest part of a page otherwise).
     cache_key = (kind, days, computed)
@@ -95,27 +139,26 @@ async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_
     if count is None:
         count = int(
             (
-                await session.execute(select(func.count()).select_from(CreditRange).where(_where(kind, days)))
+                await session.execute(
+                    select(func.count()).select_from(CreditRange).where(_where(kind, days, computed))
+                )
             ).scalar_one()
         )
         if computed is not None:
             if len(_COUNTS) > 64:
                 _COUNTS.clear()
             _COUNTS[cache_key] = count
-    out = [RangeRow(offset + i + 1, sid, float(c)) for i, (sid, c, _) in enumerate(rows[:per_page])]
+    out = [RangeRow(offset + i + 1, sid, float(c)) for i, (sid, c) in enumerate(rows[:per_page])]
     return RangePage(out, count, len(rows) > per_page, computed)
-
-
-async def computed_at(session: AsyncSession) -> float | None:
-    return (await session.execute(select(func.max(CreditRange.computed_at)))).scalar()
 
 
 async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> int | None:
     """1-based position of ``key`` in the range's order, None when it has no credit in the range."""
     days = RANGE_DAYS[rng]
+    generation = await published(session, days)
     mine = (
         await session.execute(
-            select(CreditRange.credit).where(_where(kind, days), CreditRange.subject_id == key)
+            select(CreditRange.credit).where(_where(kind, days, generation), CreditRange.subject_id == key)
         )
     ).scalar()
     if mine is None:
@@ -125,7 +168,7 @@ async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> in
             select(func.count())
             .select_from(CreditRange)
             .where(
-                _where(kind, days),
+                _where(kind, days, generation),
                 (CreditRange.credit > mine) | ((CreditRange.credit == mine) & (CreditRange.subject_id > key)),
             )
         )

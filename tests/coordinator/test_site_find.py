@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from sqlalchemy import text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.config import CoordinatorConfig
-from coordinator.db.models import Account, CreditDay, Team
+from coordinator.db.models import Account, CreditDay, CreditRange, Team
 from coordinator.db.session import session_factory
 from coordinator.site import ranges, search, setup_routes
 from coordinator.site.routes import MAX_REQUEST_LINE, STATIC_CACHE
@@ -321,3 +321,28 @@ async def test_pages_are_gzipped_and_versioned_static_files_cached(site: Site) -
     assert versioned.status == 200 and versioned.headers["Cache-Control"] == STATIC_CACHE
     bare = await client.get("/static/site.css")
     assert bare.headers["Cache-Control"] == "no-cache"
+
+
+async def test_a_half_written_range_refresh_is_never_read_and_is_dropped(site: Site, db: AsyncEngine) -> None:
+    """Rows of a generation nobody published (a refresh killed mid-way) change no page, and the next
+    refresh deletes them."""
+    client, small, _ = site
+    sessions = session_factory(db)
+    async with sessions() as s, s.begin():
+        s.add(
+            CreditRange(
+                subject_kind="account",
+                days=1,
+                computed_at=NOW + 1,
+                subject_id=str(small.ids["u09"]),
+                credit=1e6,
+            )
+        )
+    assert board_names(await html(client, "/leaderboard?kind=users&range=day")) == ["u05"]
+    resp = await client.get("/rank?kind=users&name=u09&order=day")
+    assert "has no credit in this range" in await resp.text()
+    await ranges.refresh(sessions, NOW + 120)
+    async with sessions() as s:
+        generations = (await s.execute(select(CreditRange.computed_at).distinct())).scalars().all()
+    assert generations == [NOW + 120]
+    assert board_names(await html(client, "/leaderboard?kind=users&range=day")) == ["u05"]

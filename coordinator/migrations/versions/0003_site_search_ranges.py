@@ -4,8 +4,9 @@ Revision ID: 0003
 Revises: 0002
 
 The site's prefix search reads indexes on lower(name) (text_pattern_ops on PostgreSQL, so LIKE 'x%'
-uses them under any collation); its range leaderboards read ``credit_ranges``, refreshed from
-``credit_days`` through an index that holds what a refresh sums.
+uses them under any collation); its range leaderboards read ``credit_ranges`` (the generation
+``credit_range_runs`` publishes), refreshed from ``credit_days`` through an index that holds what a
+refresh sums.
 """
 
 from __future__ import annotations
@@ -31,15 +32,24 @@ def upgrade() -> None:
         "credit_ranges",
         sa.Column("subject_kind", sa.String(length=8), nullable=False),
         sa.Column("days", sa.Integer(), nullable=False),
+        sa.Column("computed_at", sa.Float(), nullable=False),
         sa.Column("subject_id", sa.String(length=40), nullable=False),
         sa.Column("credit", sa.Float(), nullable=False),
-        sa.Column("computed_at", sa.Float(), nullable=False),
-        sa.PrimaryKeyConstraint("subject_kind", "days", "subject_id"),
+        sa.PrimaryKeyConstraint("subject_kind", "days", "computed_at", "subject_id"),
     )
-    op.create_index("ix_credit_ranges_rank", "credit_ranges", ["subject_kind", "days", "credit"])
+    op.create_index(
+        "ix_credit_ranges_rank", "credit_ranges", ["subject_kind", "days", "computed_at", "credit"]
+    )
+    op.create_table(
+        "credit_range_runs",
+        sa.Column("days", sa.Integer(), nullable=False),
+        sa.Column("computed_at", sa.Float(), nullable=False),
+        sa.PrimaryKeyConstraint("days"),
+    )
 
 
 def downgrade() -> None:
+    op.drop_table("credit_range_runs")
     op.drop_index("ix_credit_ranges_rank", table_name="credit_ranges")
     op.drop_table("credit_ranges")
     op.drop_index("ix_credit_days_day", table_name="credit_days")

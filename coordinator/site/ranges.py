@@ -21,10 +21,11 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import and_, delete, func, insert, select, tuple_
+from sqlalchemy import String, and_, cast, delete, func, insert, select, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..db.models import Account, CreditDay, CreditRange, CreditRangeRun, Host, Team
+from ..leaderboard import MAX_DEPTH
 from ..ledger import DAY_S
 
 Range = Literal["day", "week", "month", "all"]
@@ -46,9 +47,12 @@ async def refresh(sessions: async_sessionmaker[AsyncSession], now: float) -> int
 
 async def _refresh_window(sessions: async_sessionmaker[AsyncSession], days: int, now: float) -> int:
     today = int(now // DAY_S)
+    # Disabled accounts are left out here, so ranks count only who the pages show (few rows: a subquery).
+    disabled = select(cast(Account.id, String)).where(Account.disabled.is_(True))
     summed = (
         select(CreditDay.subject_kind, CreditDay.subject_id, func.sum(CreditDay.credit))
         .where(CreditDay.day > today - days, CreditDay.day <= today)
+        .where(~and_(CreditDay.subject_kind == "account", CreditDay.subject_id.in_(disabled)))
         .group_by(CreditDay.subject_kind, CreditDay.subject_id)
         .having(func.sum(CreditDay.credit) > 0)
     )
@@ -153,7 +157,8 @@ async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_
 
 
 async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> int | None:
-    """1-based position of ``key`` in the range's order, None when it has no credit in the range."""
+    """1-based position of ``key`` in the range's order; None when it has no credit in the range,
+    ``MAX_DEPTH + 1`` when it is below the listed pages (counting stops there: the cost is bounded)."""
     days = RANGE_DAYS[rng]
     generation = await published(session, days)
     mine = (
@@ -163,17 +168,14 @@ async def range_rank(session: AsyncSession, kind: str, rng: str, key: str) -> in
     ).scalar()
     if mine is None:
         return None
-    above = (
-        await session.execute(
-            select(func.count())
-            .select_from(CreditRange)
-            .where(
-                _where(kind, days, generation),
-                (CreditRange.credit > mine) | ((CreditRange.credit == mine) & (CreditRange.subject_id > key)),
-            )
-        )
-    ).scalar_one()
-    return int(above) + 1
+    above = 0
+    for cond in (
+        CreditRange.credit > mine,
+        and_(CreditRange.credit == mine, CreditRange.subject_id > key),
+    ):  # two bounded index range scans (an OR of them reads every row of the range)
+        sub = select(CreditRange.subject_id).where(_where(kind, days, generation), cond).limit(MAX_DEPTH)
+        above += int((await session.execute(select(func.count()).select_from(sub.subquery()))).scalar_one())
+    return min(above, MAX_DEPTH) + 1  # MAX_DEPTH + 1: somewhere below the listed pages
 
 
 async def names(session: AsyncSession, kind: str, keys: list[str]) -> dict[str, dict[str, Any]]:

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from ..db.models import Account, Host, Team
-from ..leaderboard import MAX_SCAN
+from ..leaderboard import MAX_DEPTH, MAX_SCAN
 from ..ledger import decay
 from . import ranges
 from .search import fold, normalise
@@ -26,7 +26,7 @@ from .search import fold, normalise
 class Found:
     key: str
     name: str
-    rank: int | None  # None: no credit in that range, or too far down to count
+    rank: int | None  # None: no credit in that range; MAX_DEPTH + 1: below the listed pages
 
 
 def _table(kind: str) -> tuple[Any, Any, Any]:
@@ -62,7 +62,8 @@ async def resolve(session: AsyncSession, kind: str, raw: str) -> tuple[str, str]
 
 
 async def position(session: AsyncSession, kind: str, order: str, key: str, now: float) -> int | None:
-    """1-based position of ``key`` in ``order`` ('total', 'recent' or a range name)."""
+    """1-based position of ``key`` in ``order`` ('total', 'recent' or a range name); ``MAX_DEPTH + 1``
+    (or None, by recent credit) when it is below the listed pages."""
     if order in ranges.RANGE_DAYS:
         return await ranges.range_rank(session, kind, order, key)
     table, col, where = _table(kind)
@@ -75,14 +76,13 @@ async def position(session: AsyncSession, kind: str, order: str, key: str, now: 
     if mine is None:
         return None
     if order == "total":
-        q = (
-            select(func.count())
-            .select_from(table)
-            .where((table.credit_total > mine[0]) | ((table.credit_total == mine[0]) & (col > typed)))
+        above = await count_upto(
+            session,
+            [table.credit_total > mine[0], and_(table.credit_total == mine[0], col > typed)],
+            where,
+            col,
         )
-        if where is not None:
-            q = q.where(where)
-        return int((await session.execute(q)).scalar_one()) + 1
+        return min(above, MAX_DEPTH) + 1  # MAX_DEPTH + 1: somewhere below the listed pages
     value = decay(mine[1], mine[2], now)
     q2 = select(col, table.credit_recent, table.credit_recent_at).where(table.credit_recent >= value)
     if where is not None:
@@ -95,4 +95,21 @@ async def position(session: AsyncSession, kind: str, order: str, key: str, now: 
         v = decay(r, at, now)
         if v > value or (v == value and k > typed):
             above += 1
-    return above + 1
+    return min(above, MAX_DEPTH) + 1  # MAX_DEPTH + 1: somewhere below the listed pages
+
+
+async def count_upto(session: AsyncSession, parts: list[Any], where: Any, key: Any) -> int:
+    """Rows matching any of ``parts`` (disjoint conditions) and ``where``, counted up to ``MAX_DEPTH``.
+
+    The leaderboard shows no row deeper than ``MAX_DEPTH``, so counting further buys nothing; each part
+    is its own bounded index range scan (an OR of them would make the database read every row)."""
+    total = 0
+    for cond in parts:
+        inner = select(key).where(cond)
+        if where is not None:
+            inner = inner.where(where)
+        sub = inner.limit(MAX_DEPTH - total).subquery()
+        total += int((await session.execute(select(func.count()).select_from(sub))).scalar_one())
+        if total >= MAX_DEPTH:
+            break
+    return total

@@ -254,7 +254,8 @@ def board_names(page: str) -> list[str]:
 async def test_range_leaderboards(site: Site) -> None:
     client, _, _ = site
     day = await html(client, "/leaderboard?kind=users&range=day")
-    assert board_names(day) == ["u05"]  # the disabled account's credit today is never shown
+    assert board_names(day) == ["u05"]  # the disabled account's credit today is never shown...
+    assert re.search(r'<td class="num rank">1</td>', day)  # ...nor counted
     assert "<title>Volunteers by credit today · Leaderboard" in day
     assert board_names(await html(client, "/leaderboard?kind=users&range=week")) == ["u01", "u05", "u00"]
     assert board_names(await html(client, "/leaderboard?kind=users&range=month")) == ["u00", "u01", "u05"]
@@ -346,3 +347,19 @@ async def test_a_half_written_range_refresh_is_never_read_and_is_dropped(site: S
         generations = (await s.execute(select(CreditRange.computed_at).distinct())).scalars().all()
     assert generations == [NOW + 120]
     assert board_names(await html(client, "/leaderboard?kind=users&range=day")) == ["u05"]
+
+
+async def test_find_my_rank_below_the_listed_pages(site: Site, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counting stops at the leaderboard's depth: a name further down gets a page saying so."""
+    from coordinator.site import pages, rank
+
+    for module in (rank, ranges, pages):
+        monkeypatch.setattr(module, "MAX_DEPTH", 2)  # u05: 6th by total, 3rd over 30 days
+    client, _, _ = site
+    for order in ("total", "month"):
+        page = await html(client, f"/rank?kind=users&name=u05&order={order}")
+        assert "is ranked below the listed pages" in page, (order, page[-3000:])
+    resp = await client.get("/rank?kind=users&name=u01&order=total", allow_redirects=False)
+    assert resp.status == 302  # rank 2: listed
+    resp = await client.get("/rank?kind=users&name=u05&order=recent", allow_redirects=False)
+    assert resp.status == 200 and "is ranked below the listed pages" in await resp.text()

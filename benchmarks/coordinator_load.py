@@ -72,6 +72,7 @@ SITE_FIGURES = (
     "rank_p99_ms",
     "ranges_refresh_s",
     "dump_s",
+    "page_p99_ms",
     "page_p99_during_dump_ms",
 )
 
@@ -419,9 +420,12 @@ async def bench_ingest(
     }
 
 
-async def bench_site(sessions: Any, accounts: int, calls: int, dump_dir: Path) -> dict[str, Any]:
+async def bench_site(
+    sessions: Any, accounts: int, calls: int, dump_dir: Path, url: str, search_path: str | None
+) -> dict[str, Any]:
     """The site's finders: name search, range leaderboards (from ``credit_ranges``), find-my-rank, and
-    the daily dump, with leaderboard pages timed while it is written."""
+    the daily dump (in a child process, as the coordinator's job writes it), with leaderboard pages
+    timed before it (the baseline) and while it is written."""
     rng = random.Random(11)
     t0 = time.perf_counter()
     await site_ranges.refresh(sessions, NOW)
@@ -468,20 +472,26 @@ async def bench_site(sessions: Any, accounts: int, calls: int, dump_dir: Path) -
     search_ms = await lat(search_once, calls)
     range_ms = await lat(range_once, calls)
     rank_ms = await lat(rank_once, max(20, calls // 4))
-    # The dump, with leaderboard pages requested all along (the page p99 it causes).
+
+    # The dump, with leaderboard pages requested all along (the page p99 it causes), against the same
+    # pages without it.
+    async def page_once() -> None:
+        await site_queries.leaderboard_page(sessions, "users", "total", rng.randrange(1, 21), 25, NOW)
+
+    baseline = await lat(page_once, max(50, calls // 2))
     during: list[float] = []
     done = asyncio.Event()
 
     async def pages() -> None:
         while not done.is_set():
             t = time.perf_counter()
-            await site_queries.leaderboard_page(sessions, "users", "total", rng.randrange(1, 21), 25, NOW)
+            await page_once()
             during.append((time.perf_counter() - t) * 1000)
             await asyncio.sleep(0.01)
 
     reader = asyncio.create_task(pages())
     t0 = time.perf_counter()
-    await site_exports.write_dumps(sessions, dump_dir, NOW)
+    await site_exports.write_in_child(url, dump_dir, NOW, search_path=search_path)
     dump_s = time.perf_counter() - t0
     done.set()
     await reader
@@ -495,6 +505,7 @@ async def bench_site(sessions: Any, accounts: int, calls: int, dump_dir: Path) -
         "ranges_refresh_s": round(refresh_s, 2),
         "dump_s": round(dump_s, 2),
         "dump_bytes": size,
+        "page_p99_ms": round(p99(baseline), 2),
         "page_p99_during_dump_ms": round(p99(during), 2),
         "pages_during_dump": len(during),
     }
@@ -542,7 +553,19 @@ async def bench_database(
     log(f"{which}: {accounts} accounts, {receipts} receipts loaded in {load_s:.1f} s")
     try:
         sessions = session_factory(engine)
-        site = await bench_site(sessions, accounts, calls, Path(tmp.name) / "exports")
+        url = (
+            f"sqlite+aiosqlite:///{Path(tmp.name) / 'coordinator.sqlite3'}"
+            if which == "sqlite"
+            else POSTGRES_URL
+        )
+        site = await bench_site(
+            sessions,
+            accounts,
+            calls,
+            Path(tmp.name) / "exports",
+            url,
+            schema if which == "postgres" else None,
+        )
         if site_only:
             return {"load_s": round(load_s, 1), **site}
         lb = await bench_leaderboard(sessions, calls)

@@ -73,7 +73,10 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_ledger.setup_routes(app, api_ledger.LedgerDeps(services.sessions, costs, verifier))
     api_swarm.setup_routes(app)
     site.setup_routes(app)
-    site.start_jobs(app, site.services_sessions, site.services_exports_dir)  # range sums, daily dumps
+    # Range sums every few minutes; daily dumps, written by a child process.
+    site.start_jobs(
+        app, site.services_sessions, site.services_exports_dir, get_database_url=site.services_database_url
+    )
     return app
 
 

@@ -22,6 +22,19 @@ not written, the previous one still served).
 """
 
 from .jobs import start_jobs
-from .routes import MAX_REQUEST_LINE, services_exports_dir, services_sessions, setup_routes
+from .routes import (
+    MAX_REQUEST_LINE,
+    services_database_url,
+    services_exports_dir,
+    services_sessions,
+    setup_routes,
+)
 
-__all__ = ["MAX_REQUEST_LINE", "services_exports_dir", "services_sessions", "setup_routes", "start_jobs"]
+__all__ = [
+    "MAX_REQUEST_LINE",
+    "services_database_url",
+    "services_exports_dir",
+    "services_sessions",
+    "setup_routes",
+    "start_jobs",
+]

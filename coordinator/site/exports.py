@@ -21,6 +21,7 @@ import io
 import json
 import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -314,3 +315,50 @@ def prune(directory: Path, keep: int) -> list[str]:
             (directory / d.name).unlink(missing_ok=True)
             gone.append(d.name)
     return gone
+
+
+#: The child process reads its database URL here (not argv: a URL may hold a password).
+URL_ENV = "LAH_EXPORT_DATABASE_URL"
+SEARCH_PATH_ENV = "LAH_EXPORT_SEARCH_PATH"  # PostgreSQL schema (tests and benchmarks use one each)
+
+
+async def write_in_child(
+    url: str, directory: Path, now: float, timeout_s: float = 1800.0, search_path: str | None = None
+) -> None:
+    """``write_dumps`` in a child process (``python -m coordinator.site.exports``): formatting and
+    compressing 100,000 rows is CPU work, and in a child it never competes with the pages for the
+    server's event loop or GIL. A child killed mid-write leaves the previous dumps served."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "coordinator.site.exports",
+        str(directory),
+        repr(now),
+        env={**os.environ, URL_ENV: url, **({SEARCH_PATH_ENV: search_path} if search_path else {})},
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        _, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except BaseException:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+        raise
+    if proc.returncode != 0:
+        raise ExportError(
+            f"the dump process failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}"
+        )
+
+
+async def _child(directory: Path, now: float) -> None:
+    from ..db.session import make_engine, session_factory
+
+    engine = make_engine(os.environ[URL_ENV], search_path=os.environ.get(SEARCH_PATH_ENV))
+    try:
+        await write_dumps(session_factory(engine), directory, now)
+    finally:
+        await engine.dispose()
+
+
+if __name__ == "__main__":
+    asyncio.run(_child(Path(sys.argv[1]), float(sys.argv[2])))

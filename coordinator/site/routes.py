@@ -86,6 +86,11 @@ def hub_online(app: web.Application) -> Sequence[str] | None:
     return None if hub is None else hub.online()
 
 
+def services_database_url(app: web.Application) -> str:
+    """The URL of the services' database, password included (handed to the dump child process)."""
+    return app[SERVICES].engine.url.render_as_string(hide_password=False)
+
+
 def services_exports_dir(app: web.Application) -> Path:
     return exports_dir(app[SERVICES].config)
 

@@ -163,3 +163,42 @@ async def test_a_dump_killed_mid_write_leaves_the_previous_one_served(
     await exports.write_dumps(session_factory(db), directory, NOW)
     assert not partial[0].exists()
     assert len(read_gz(directory / name).splitlines()) == 15  # header + 14 users
+
+
+async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(tmp_path: Path) -> None:
+    """``start_jobs`` as the full app runs it: on startup, range sums are published and a child
+    process writes the day's six dumps from the same (SQLite) database."""
+    from coordinator.db.session import create_all, make_engine
+    from coordinator.site import ranges, start_jobs
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
+    engine = make_engine(url)
+    await create_all(engine)
+    sessions = session_factory(engine)
+    await seed_small(sessions)
+    app = web.Application()
+    dumps = tmp_path / "dumps"
+    start_jobs(
+        app,
+        lambda _: sessions,
+        lambda _: dumps,
+        clock=lambda: NOW,
+        get_database_url=lambda _: url,
+        export_first_s=0.0,
+    )
+    runner = web.AppRunner(app)
+    await runner.setup()  # runs the startup hooks: the jobs begin
+    try:
+        for _ in range(600):
+            if len(exports.listing(dumps)) == 6:
+                break
+            await asyncio.sleep(0.1)
+        assert sorted(d.name for d in exports.listing(dumps)) == sorted(
+            f"{k}-{DAY}.{f}.gz" for k in exports.KINDS for f in exports.FORMATS
+        )
+        assert len(read_gz(dumps / f"users-{DAY}.csv.gz").splitlines()) == 15
+        async with sessions() as s:
+            assert await ranges.published(s, 30) == NOW
+    finally:
+        await runner.cleanup()  # stops the loops
+        await engine.dispose()

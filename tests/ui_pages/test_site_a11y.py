@@ -119,54 +119,46 @@ async def audit(page: Any) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.timeout(600)  # 14 pages, each loaded, measured, audited and photographed, on a shared box
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("viewport", list(VIEWPORTS))
 async def test_every_page_type_passes_axe_and_fits(
-    site: tuple[str, dict[str, str]], browser: Browser
+    site: tuple[str, dict[str, str]], browser: Browser, viewport: str, scheme: str
 ) -> None:
     assert AXE.exists(), "axe-core is missing: run `make test` (npm ci in tests/ui_pages)"
     base, pages = site
+    width, height = VIEWPORTS[viewport]
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
     problems: dict[str, Any] = {}
     statuses: dict[str, int] = {}
-    for width, height in VIEWPORTS.values():
-        for scheme in SCHEMES:
-            context = await browser.new_context(
-                viewport={"width": width, "height": height},
-                color_scheme=scheme,  # type: ignore[arg-type]
-                bypass_csp=True,
-                java_script_enabled=True,
-            )
-            try:
-                page = await context.new_page()
-                page.set_default_timeout(TIMEOUT_MS)
-                for name, path in pages.items():
-                    resp = await page.goto(base + path)
-                    assert resp is not None
-                    statuses[name] = resp.status
-                    where = f"{name} @ {width}px {scheme}"
-                    widths = await page.evaluate(
-                        "() => [document.documentElement.scrollWidth, window.innerWidth]"
-                    )
-                    if widths[0] > widths[1]:
-                        problems[where + " width"] = (
-                            f"page is {widths[0]} px wide in a {widths[1]} px viewport"
-                        )
-                    found = await audit(page)
-                    if found:
-                        problems[where + " axe"] = found
-                    await page.screenshot(
-                        path=str(SCREENSHOTS / f"{name}-{width}-{scheme}.png"),
-                        full_page=True,
-                        timeout=TIMEOUT_MS,
-                    )
-            finally:
-                await context.close()
+    context = await browser.new_context(
+        viewport={"width": width, "height": height},
+        color_scheme=scheme,  # type: ignore[arg-type]
+        bypass_csp=True,
+        java_script_enabled=True,
+    )
+    try:
+        page = await context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        for name, path in pages.items():
+            resp = await page.goto(base + path)
+            assert resp is not None
+            statuses[name] = resp.status
+            where = f"{name} @ {width}px {scheme}"
+            widths = await page.evaluate("() => [document.documentElement.scrollWidth, window.innerWidth]")
+            if widths[0] > widths[1]:
+                problems[where + " width"] = f"page is {widths[0]} px wide in a {widths[1]} px viewport"
+            found = await audit(page)
+            if found:
+                problems[where + " axe"] = found
+            shot = SCREENSHOTS / f"{name}-{width}-{scheme}.png"
+            await page.screenshot(path=str(shot), full_page=True, timeout=TIMEOUT_MS)
+            assert shot.stat().st_size > 5_000
+    finally:
+        await context.close()
     assert not problems, json.dumps(problems, indent=1)
     assert statuses["not-found"] == 404 and statuses["bad-request"] == 400
     assert all(s == 200 for n, s in statuses.items() if n not in ("not-found", "bad-request")), statuses
-    for name in pages:
-        for width, _ in VIEWPORTS.values():
-            for scheme in SCHEMES:
-                assert (SCREENSHOTS / f"{name}-{width}-{scheme}.png").stat().st_size > 5_000
 
 
 async def test_forced_colours_keep_the_grid_readable(

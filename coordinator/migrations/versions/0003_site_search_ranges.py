@@ -6,7 +6,7 @@ Revises: 0002
 The site's prefix search reads indexes on lower(name) (text_pattern_ops on PostgreSQL, so LIKE 'x%'
 uses them under any collation); its range leaderboards read ``credit_ranges`` (the generation
 ``credit_range_runs`` publishes), refreshed from ``credit_days`` through an index that holds what a
-refresh sums.
+refresh sums. Enabled accounts are counted by credit through ``ix_accounts_listed`` (no table reads).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ def upgrade() -> None:
     ops = " text_pattern_ops" if pg else ""
     op.execute(f"CREATE INDEX ix_accounts_name_lower ON accounts (lower(name){ops})")
     op.execute(f"CREATE INDEX ix_teams_name_lower ON teams (lower(name){ops})")
+    op.create_index("ix_accounts_listed", "accounts", ["disabled", "credit_total"])
     op.create_index("ix_credit_days_day", "credit_days", ["day", "subject_kind", "subject_id", "credit"])
     op.create_table(
         "credit_ranges",
@@ -55,3 +56,4 @@ def downgrade() -> None:
     op.drop_index("ix_credit_days_day", table_name="credit_days")
     op.drop_index("ix_teams_name_lower", table_name="teams")
     op.drop_index("ix_accounts_name_lower", table_name="accounts")
+    op.drop_index("ix_accounts_listed", table_name="accounts")

@@ -3,11 +3,13 @@
 (a) healthy: the whole swarm on loopback (coordinator, volunteers, trainer; ``lah.demo``);
 (b) faulty: the same, with every expert request delayed by 100 ms and 10% of them failing, injected in
     the trainer process between the DMoE layer and its Peer (the faults are counted and asserted);
-(c) local: every expert in process (``LocalMixtureOfExperts``), no network.
+(c) local: every expert in process (``LocalMixtureOfExperts``), no network;
+(d) the wire column: (a) again with expert calls in 8-bit (``TrainerConfig.wire="int8"``: inputs,
+    outputs and both gradients blockwise int8 instead of float16), same seed and data.
 
-Prints ``acc_healthy``, ``acc_faulty``, ``acc_local``, step counts and the longest step against the step
-timeout; the last line is one JSON object. Targets: acc_healthy >= 0.95, acc_faulty within 0.02 of it,
-no step longer than its timeout.
+Prints ``acc_healthy``, ``acc_faulty``, ``acc_local``, ``acc_int8``, step counts and the longest step
+against the step timeout; the last line is one JSON object. Targets: acc_healthy >= 0.95, acc_faulty
+within 0.02 of it, acc_int8 within 0.01 of acc_healthy, no step longer than its timeout.
 
     .venv/bin/python benchmarks/dmoe_training.py --quick   # within 60 s
 """
@@ -21,6 +23,7 @@ import os
 import random
 import sys
 import time
+from dataclasses import replace
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,17 +82,22 @@ def main() -> None:
         f"max step {faulty.max_step_s:.2f} s",
         flush=True,
     )
+    int8 = run_demo(volunteers=4, steps=steps, progress=False, config=replace(config, wire="int8"), say=quiet)
+    print(f"int8 wire: acc {int8.accuracy:.3f}, max step {int8.max_step_s:.2f} s", flush=True)
     torch.set_num_threads(1)
     trainer = Trainer(local_model(config), load_digits_split(seed=config.seed), config)
     trainer.train(steps, progress=False)
     acc_local = trainer.evaluate()
-    max_step = max(healthy.max_step_s, faulty.max_step_s)
+    max_step = max(healthy.max_step_s, faulty.max_step_s, int8.max_step_s)
     result = {
         "steps": steps,
         "acc_healthy": round(healthy.accuracy, 4),
         "acc_faulty": round(faulty.accuracy, 4),
         "acc_local": round(acc_local, 4),
         "faulty_gap": round(healthy.accuracy - faulty.accuracy, 4),
+        "wire": {"float16": round(healthy.accuracy, 4), "int8": round(int8.accuracy, 4)},
+        "acc_int8": round(int8.accuracy, 4),
+        "int8_gap": round(healthy.accuracy - int8.accuracy, 4),
         "injected_requests": injected.requests,
         "injected_failures": injected.failed,
         "injected_delay_s": injected.delay_s,

@@ -2,9 +2,14 @@
 
 Anyone may register a display name (optionally in a team) and gets a volunteer token; only an admin
 grants ``trainer`` or ``admin`` (the first admin is made by the operator: ``set_role(..., by=None)``).
-In allowlist mode only names on the allowlist may register. An account binds hosts (peer keys) by
-showing the host key's signature of ``bind_message(account id)`` (engine/wire/statements.py), so nobody
-can bind a key they do not hold, and a key holder's proof binds to that one account only.
+In allowlist mode only names on the allowlist may register, and only with the secret code of an
+unused, unexpired invitation for that name (``invite``: an admin creates it; only its hash is stored).
+A name that looks like a taken one (same skeleton, ``coordinator.confusables``: Cyrillic U+0430 for
+Latin "a") is taken; a team name that looks like an existing team's names that team. A disabled account
+is refused by every authenticated call (``require_enabled``).
+An account binds hosts (peer keys) by showing the host key's signature of ``bind_message(account id)``
+(engine/wire/statements.py), so nobody can bind a key they do not hold, and a key holder's proof binds
+to that one account only.
 
 Names are display text: 1..64 characters after NFC normalization, no control, format or separator
 characters, no surrounding whitespace. Anything else (``<b>``, quotes, ``'; DROP TABLE``) is stored
@@ -16,18 +21,23 @@ verbatim through bound parameters; pages escape it. Uniqueness is case-insensiti
     ├── InvalidKey       invalid_key        400
     ├── BadProof         bad_proof          403   the signature does not prove the key
     ├── Forbidden        forbidden          403   not an admin, or the account is disabled
+    │   └── Disabled     account_disabled   403   the token's account is disabled
     ├── NotAllowlisted   not_allowlisted    403
+    ├── BadInvite        invite_invalid     403   no such code for this name, or used, or expired
     ├── NotFound         not_found          404
     └── Conflict         name_taken / host_taken   409
 """
 
 from __future__ import annotations
 
+import hashlib
+import secrets
+import time
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -35,7 +45,10 @@ from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 from engine.wire.statements import bind_message
 
-from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Team
+from .confusables import skeleton
+from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Invite, Team
+
+INVITE_BYTES = 18  # 24 URL-safe characters
 
 _BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 
@@ -64,8 +77,16 @@ class Forbidden(AccountError):
     code = "forbidden"
 
 
+class Disabled(Forbidden):
+    code = "account_disabled"
+
+
 class NotAllowlisted(AccountError):
     code = "not_allowlisted"
+
+
+class BadInvite(AccountError):
+    code = "invite_invalid"
 
 
 class NotFound(AccountError):
@@ -107,45 +128,129 @@ class AccountView:
         return {"id": self.id, "name": self.name, "team": self.team, "role": self.role}
 
 
+def code_hash(code: str) -> str:
+    return hashlib.sha256(code.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 class Accounts:
-    def __init__(self, sessions: async_sessionmaker[AsyncSession], *, allowlist_mode: bool = False) -> None:
+    def __init__(
+        self,
+        sessions: async_sessionmaker[AsyncSession],
+        *,
+        allowlist_mode: bool = False,
+        invite_ttl_s: float = 14 * 86400,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.sessions = sessions
         self.allowlist_mode = allowlist_mode
+        self.invite_ttl_s = invite_ttl_s
+        self.clock = clock
 
     # -- registration -------------------------------------------------------------------------------
 
-    async def register(self, name: object, team: object = None) -> AccountView:
+    async def register(self, name: object, team: object = None, invite: object = None) -> AccountView:
+        """A new volunteer account. In allowlist mode ``invite`` must be the code of an open
+        invitation for this name; it is used up in the same transaction that creates the account."""
         name = validate_name(name)
         team_name = None if team is None else validate_name(team, "team name")
+        shape = skeleton(name)
         async with self.sessions() as s:
             if self.allowlist_mode:
                 listed = await s.get(AllowlistEntry, name)
                 if listed is None:
                     raise NotAllowlisted("registration is by invitation: this name is not on the allowlist")
-            taken = await s.execute(select(Account.id).where(func.lower(Account.name) == name.lower()))
+                if not isinstance(invite, str) or not invite:
+                    raise BadInvite("registration is by invitation: send the invitation's code")
+                # Checked here too (and used up atomically below), so a wrong code creates no team.
+                open_invite = await s.execute(
+                    select(Invite.code_hash).where(
+                        Invite.code_hash == code_hash(invite),
+                        Invite.name == name,
+                        Invite.used_at.is_(None),
+                        Invite.expires_at > self.clock(),
+                    )
+                )
+                if open_invite.first() is None:
+                    raise BadInvite("this invitation code is wrong, used or expired")
+            taken = await s.execute(
+                select(Account.id).where(
+                    (func.lower(Account.name) == name.lower()) | (Account.name_skeleton == shape)
+                )
+            )
             if taken.first() is not None:
-                raise Conflict("name_taken", "that name is taken")
+                raise Conflict("name_taken", "that name is taken (or one that looks the same)")
         team_id = None if team_name is None else await self._team_id(team_name)
         try:
             async with self.sessions() as s, s.begin():
-                account = Account(name=name, team_id=team_id, role="volunteer")
+                account = Account(name=name, name_skeleton=shape, team_id=team_id, role="volunteer")
                 s.add(account)
                 await s.flush()
                 account_id = account.id
+                if self.allowlist_mode:
+                    assert isinstance(invite, str)
+                    now = self.clock()
+                    used = await s.execute(
+                        update(Invite)
+                        .where(
+                            Invite.code_hash == code_hash(invite),
+                            Invite.name == name,
+                            Invite.used_at.is_(None),
+                            Invite.expires_at > now,
+                        )
+                        .values(used_at=now, used_by=account_id)
+                    )
+                    if int(getattr(used, "rowcount", 0) or 0) != 1:
+                        raise BadInvite("this invitation code is wrong, used or expired")
         except IntegrityError as e:  # a concurrent registration of the same name
             raise Conflict("name_taken", "that name is taken") from e
         return await self.get(account_id)
 
+    async def invite(self, name: object, *, by: int | None, ttl_s: float | None = None) -> tuple[str, float]:
+        """An invitation for ``name`` (put on the allowlist too): returns (code, expires at).
+
+        The code is shown once; only its hash is kept."""
+        if by is not None:
+            await self.require_admin(by)
+        name = validate_name(name)
+        ttl = self.invite_ttl_s if ttl_s is None else ttl_s
+        if not 0 < ttl <= 366 * 86400:
+            raise InvalidName("an invitation lasts between a second and a year")
+        code = secrets.token_urlsafe(INVITE_BYTES)
+        now = self.clock()
+        async with self.sessions() as s, s.begin():
+            if await s.get(AllowlistEntry, name) is None:
+                s.add(AllowlistEntry(name=name))
+            s.add(Invite(code_hash=code_hash(code), name=name, created_at=now, expires_at=now + ttl))
+        return code, now + ttl
+
+    async def require_enabled(self, account_id: int) -> AccountView:
+        """The account, or Disabled (also for an account that no longer exists)."""
+        try:
+            account = await self.get(account_id)
+        except NotFound as e:
+            raise Disabled("this account does not exist") from e
+        if account.disabled:
+            raise Disabled("this account is disabled")
+        return account
+
     async def _team_id(self, team_name: str) -> int:
         for _ in range(3):
             async with self.sessions() as s:
-                found = await s.execute(select(Team.id).where(func.lower(Team.name) == team_name.lower()))
+                # A look-alike of a team's name is that team, as its other spellings in case are.
+                found = await s.execute(
+                    select(Team.id)
+                    .where(
+                        (func.lower(Team.name) == team_name.lower())
+                        | (Team.name_skeleton == skeleton(team_name))
+                    )
+                    .order_by(Team.id)
+                )
                 row = found.first()
                 if row is not None:
                     return int(row[0])
             try:
                 async with self.sessions() as s, s.begin():
-                    new = Team(name=team_name)
+                    new = Team(name=team_name, name_skeleton=skeleton(team_name))
                     s.add(new)
                     await s.flush()
                     return new.id

@@ -2,20 +2,23 @@
 
 ::
 
-    POST /api/accounts         {"name", "team"?}                  -> 201 {"account", "token", "expires_at"}
+    POST /api/accounts         {"name", "team"?, "invite"?}       -> 201 {"account", "token", "expires_at"}
     POST /api/hosts            {"public_key", "signature"} base64 -> 201 (200 if bound already) {"peer_id"}
     POST /api/tokens/refresh   (no body)                          -> 200 {"token", "expires_at"}
     POST /api/tokens/revoke    {"jti"?} (default: this token)     -> 200 {"revoked": jti}
     POST /api/admin/role       {"name", "role"}                   -> 200 {"account"}
     POST /api/admin/allowlist  {"add"?: [...], "remove"?: [...]}  -> 200 {"added", "removed"}
+    POST /api/admin/invites    {"name", "ttl_s"?}                 -> 201 {"name", "code", "expires_at"}
+    POST /api/admin/disable    {"name", "disabled"}               -> 200 {"account", "disabled"}
     GET  /api/me                                                  -> 200 {"account", "hosts", "token"}
 
 Authenticated calls take ``Authorization: Bearer <token>``. Bodies are JSON, at most
 ``MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
 ``{"error": code, "message": text}`` with 400 (malformed), 401 (no, bad, expired or revoked token),
-403, 404, 409 (name or host taken), 413 (body too large) or 429 (rate limited, with Retry-After), and
-changes nothing. The signature for ``/api/hosts`` is the host key's signature of
-``accounts.bind_message(account id)``.
+403 (``account_disabled`` on every authenticated call of a disabled account, at once), 404, 409
+(name or host taken, or a name that looks like a taken one), 413 (body too large) or 429 (rate
+limited, with Retry-After), and changes nothing. The signature for ``/api/hosts`` is the host key's
+signature of ``accounts.bind_message(account id)``.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from sqlalchemy import func, select
 from . import http
 from .accounts import (
     AccountError,
+    BadInvite,
     BadProof,
     Conflict,
     Forbidden,
@@ -44,6 +48,7 @@ from .db.models import Account
 from .http import ApiError, Handler
 from .ledger import decay
 from .services import SERVICES, Services
+from .signaling import HUB_KEY
 from .tokens import MAX_TOKEN_CHARS, Claims, TokenError, is_jti
 
 MAX_BODY_BYTES = 16 * 1024
@@ -55,6 +60,17 @@ Text = Annotated[str, msgspec.Meta(max_length=256)]
 class RegisterRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: Text
     team: Text | None = None
+    invite: Annotated[str, msgspec.Meta(max_length=128)] | None = None
+
+
+class InviteRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Text
+    ttl_s: float | None = None
+
+
+class DisableRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    name: Text
+    disabled: bool
 
 
 class BindRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -87,6 +103,7 @@ _STATUS: list[tuple[type[AccountError], int]] = [
     (BadProof, 403),
     (Forbidden, 403),
     (NotAllowlisted, 403),
+    (BadInvite, 403),
     (NotFound, 404),
     (Conflict, 409),
 ]
@@ -138,12 +155,16 @@ def bearer_token(request: web.Request) -> str:
 
 
 async def authenticate(request: web.Request) -> tuple[Claims, str]:
+    """The token's claims, for an account that exists and is enabled (else 401 or 403)."""
     token = bearer_token(request)
-    return await _services(request).tokens.verify(token), token
+    services = _services(request)
+    claims = await services.tokens.verify(token)
+    await services.accounts.require_enabled(claims.sub)
+    return claims, token
 
 
 def _client_key(request: web.Request) -> str:
-    return request.remote or "?"
+    return _services(request).client_address(request)
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
@@ -160,7 +181,7 @@ async def register(request: web.Request) -> web.StreamResponse:
             429, "rate_limited", "too many registrations from this address", {"Retry-After": str(retry)}
         )
     body = await read_body(request, RegisterRequest)
-    account = await services.accounts.register(body.name, body.team)
+    account = await services.accounts.register(body.name, body.team, body.invite)
     token = services.tokens.issue(account.id, account.role)
     claims = services.tokens.decode(token)
     return _json({"account": account.to_json(), "token": token, "expires_at": claims.exp}, status=201)
@@ -182,8 +203,6 @@ async def refresh(request: web.Request) -> web.StreamResponse:
     claims, token = await authenticate(request)
     await read_body(request, Empty)
     account = await services.accounts.get(claims.sub)
-    if account.disabled:
-        raise Forbidden("this account is disabled")
     new = await services.tokens.refresh(token, role=account.role)
     return _json({"token": new, "expires_at": services.tokens.decode(new).exp})
 
@@ -220,6 +239,28 @@ async def allowlist(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, AllowlistRequest)
     added, removed = await services.accounts.update_allowlist(body.add, body.remove, by=claims.sub)
     return _json({"added": added, "removed": removed})
+
+
+@json_errors
+async def invite(request: web.Request) -> web.StreamResponse:
+    services = _services(request)
+    claims, _ = await authenticate(request)
+    body = await read_body(request, InviteRequest)
+    code, expires_at = await services.accounts.invite(body.name, by=claims.sub, ttl_s=body.ttl_s)
+    return _json({"name": body.name, "code": code, "expires_at": expires_at}, status=201)
+
+
+@json_errors
+async def disable(request: web.Request) -> web.StreamResponse:
+    """Disable or re-enable an account; its hosts leave signaling at once (the hub's sweep)."""
+    services = _services(request)
+    claims, _ = await authenticate(request)
+    body = await read_body(request, DisableRequest)
+    account = await services.accounts.set_disabled(body.name, body.disabled, by=claims.sub)
+    hub = request.app.get(HUB_KEY)
+    if hub is not None and body.disabled:
+        await hub.sweep()
+    return _json({"account": account.to_json(), "disabled": account.disabled})
 
 
 @json_errors
@@ -264,4 +305,6 @@ def setup_routes(app: web.Application) -> None:
     app.router.add_post("/api/tokens/revoke", revoke)
     app.router.add_post("/api/admin/role", set_role)
     app.router.add_post("/api/admin/allowlist", allowlist)
+    app.router.add_post("/api/admin/invites", invite)
+    app.router.add_post("/api/admin/disable", disable)
     app.router.add_get("/api/me", me)

@@ -14,26 +14,36 @@
                                       -> 200 {"account", "hosts", "history": [{"day", "date", "credit"}]}
     GET  /api/stats                   -> 200 {"hosts", "requests_served", "credit_total", ...}
 
-Receipts and reports carry their own signatures (a trainer's identity key), so they need no bearer
-token. Bytes fields are base64. Errors are ``{"error": code, "message": text}``: 400 (not JSON, bad
-query), 413 (body too large), 422 (JSON that does not fit the schema, bad period), 403 (bad
-signature, not a trainer), 404 (unknown host or account).
+Receipts and reports carry their own signatures (a trainer's identity key), and posting them also
+takes the trainer account's bearer token: checked first, so that nobody without a trainer account
+makes the coordinator verify signatures, and each account's receipts pass a token bucket (a batch
+costs its size, at least one). A receipt signed by a key that is not bound to the posting account is
+rejected (``not_your_key``) before its signature is checked; one for an expert outside its
+experiment's grid is ``unknown_expert``, one worth more than ``max_receipt_credit`` ``over_ceiling``.
+Bytes fields are base64. Errors are ``{"error": code, "message": text}``: 400 (not JSON, bad query),
+401 (no or bad token), 413 (body too large), 422 (JSON that does not fit the schema, bad period), 403
+(bad signature, not a trainer, account disabled), 404 (unknown host or account), 429 (over the
+account's rate, with Retry-After).
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from .accounts import AccountView
+from .api_accounts import authenticate
+from .api_accounts import json_errors as account_errors
 from .config import CoordinatorConfig
 from .http import ApiError, json_errors, read_json
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
-from .ledger import ingest
+from .ledger import TRAINER_ROLES, ingest
 from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
 from .services import SERVICES
 from .spot_checks import SpotCheckRejected, report_spot_check
@@ -46,6 +56,16 @@ class LedgerDeps:
     sessions: async_sessionmaker[AsyncSession]
     expert_costs: Mapping[str, float] | None = None  # experiment -> credit per sample; None: all 1.0
     verifier: Verifier | None = None  # signature checks; Verifier(workers=N) for a process pool
+    grids: Mapping[str, Sequence[int]] | None = None  # experiment -> grid; None: any uid
+    max_credit: float | None = None  # per receipt
+
+    @classmethod
+    def of(
+        cls, config: CoordinatorConfig, sessions: async_sessionmaker[AsyncSession], verifier: Verifier | None
+    ) -> LedgerDeps:
+        """The configured experiments' costs and grids, and the credit ceiling."""
+        grids = {e.name: tuple(e.grid) for e in config.experiments} if config.experiments else None
+        return cls(sessions, expert_costs_of(config), verifier, grids, config.max_receipt_credit)
 
 
 class PageCache:
@@ -85,7 +105,26 @@ def _deps(request: web.Request) -> LedgerDeps:
     if deps is not None:
         return deps
     services = request.app[SERVICES]
-    return LedgerDeps(services.sessions, expert_costs_of(services.config), _VERIFIER)
+    return LedgerDeps.of(services.config, services.sessions, _VERIFIER)
+
+
+async def _trainer(request: web.Request) -> AccountView:
+    """The poster's account: a valid token (401) of an enabled trainer or admin account (403)."""
+    claims, _ = await authenticate(request)
+    account = await request.app[SERVICES].accounts.require_enabled(claims.sub)
+    if account.role not in TRAINER_ROLES:
+        raise ApiError(403, "not_a_trainer", "only trainer accounts post receipts and spot checks")
+    return account
+
+
+def _charge(request: web.Request, account: AccountView, cost: int) -> None:
+    limiter = request.app[SERVICES].receipt_limiter
+    key = str(account.id)
+    if not limiter.allow(key, float(max(1, cost))):
+        retry = max(1, math.ceil(limiter.retry_after(key, float(max(1, cost)))))
+        raise ApiError(
+            429, "rate_limited", "too many receipts from this account", {"Retry-After": str(retry)}
+        )
 
 
 T = TypeVar("T")
@@ -105,21 +144,35 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
         raise ApiError(400, "bad_query", f"{name} must be an integer") from None
 
 
-@json_errors
+@account_errors
 async def post_receipts(request: web.Request) -> web.StreamResponse:
+    account = await _trainer(request)
     deps = _deps(request)
     batch = await _read_body(request, ReceiptBatch, MAX_BODY_BYTES)
-    result = await ingest(deps.sessions, batch, expert_costs=deps.expert_costs, verifier=deps.verifier)
+    _charge(request, account, len(batch.receipts))
+    result = await ingest(
+        deps.sessions,
+        batch,
+        expert_costs=deps.expert_costs,
+        verifier=deps.verifier,
+        grids=deps.grids,
+        max_credit=deps.max_credit,
+        account_id=account.id,
+    )
     return web.json_response(result.to_json())
 
 
 _SPOT_STATUS = {"bad_signature": 403, "not_a_trainer": 403, "unknown_host": 404, "bad_period": 422}
 
 
-@json_errors
+@account_errors
 async def post_spot_check(request: web.Request) -> web.StreamResponse:
+    account = await _trainer(request)
     deps = _deps(request)
     report = await _read_body(request, SpotCheckReport, MAX_REPORT_BYTES)
+    _charge(request, account, 1)
+    if await request.app[SERVICES].accounts.host_owner(report.reporter_peer_id) != account.id:
+        raise ApiError(403, "not_your_key", "the report is signed by a key not bound to this account")
     try:
         result = await report_spot_check(deps.sessions, report)
     except SpotCheckRejected as e:

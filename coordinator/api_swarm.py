@@ -3,18 +3,29 @@
 ``POST /api/assignment`` (bearer token; the peer must be bound to the token's account) takes the
 node's capacity and answers with the experts to host, each with its spec (architecture name and
 sizes from the coordinator's experiment config: no code travels) and a time after which the
-assignment lapses unless the node asks again.
+assignment lapses unless the node asks again. Each expert comes with ``proof``: the coordinator's
+signature (base64) of ``engine.wire.statements.assignment_signed_bytes(host public key, uid,
+experiment, expires_at)``, which the host puts in its DHT declarations; ``coordinator_key`` (base64)
+is what trainers check those proofs against.
+
+What a node claims is checked against what a machine can have: ``memory_bytes`` at most
+``MAX_MEMORY_BYTES`` for its device (more would win it the whole grid), an energy report at most
+``MAX_HOST_KW`` times the hours since the host's previous report (or since it was bound).
 """
 
 from __future__ import annotations
 
+import base64
 import random
 import time
+from datetime import UTC
 from typing import Any
 
 import msgspec
 from aiohttp import web
 from sqlalchemy import select, update
+
+from engine.wire.statements import assignment_signed_bytes
 
 from .api_accounts import authenticate, json_errors, read_body
 from .assignment import Capacity, assign_host
@@ -23,6 +34,11 @@ from .db.models import Host
 from .http import ApiError
 from .services import SERVICES
 from .signaling import HUB_KEY
+
+# The largest memory one device of a volunteer's machine plausibly offers: big servers' RAM, the
+# largest accelerators (a node uses one device), Apple's largest unified memory.
+MAX_MEMORY_BYTES = {"cpu": 4 << 40, "cuda": 256 << 30, "mps": 512 << 30}
+MAX_HOST_KW = 3.0  # a workstation with several GPUs at full power stays below this
 
 
 class CapacityBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -49,8 +65,11 @@ async def assignment(request: web.Request) -> web.StreamResponse:
     body = await read_body(request, CapacityBody)
     if body.device not in ("cpu", "cuda", "mps"):
         raise ApiError(400, "invalid_request", f"unknown device {body.device!r}")
-    if not 0 <= body.memory_bytes <= 1 << 44:
-        raise ApiError(400, "invalid_request", "memory_bytes out of range")
+    limit = MAX_MEMORY_BYTES[body.device]
+    if not 0 <= body.memory_bytes <= limit:
+        raise ApiError(
+            400, "invalid_request", f"memory_bytes must be within [0, {limit}] for a {body.device} device"
+        )
     if await services.accounts.host_owner(body.peer_id) != claims.sub:
         raise ApiError(403, "host_not_bound", "bind this host to your account first (POST /api/hosts)")
     config = services.config
@@ -65,14 +84,37 @@ async def assignment(request: web.Request) -> web.StreamResponse:
     )
     by_name = {e.name: e for e in config.experiments}
     expires = now + config.assignment_ttl_s
+    async with services.sessions() as session:
+        host_key = bytes(
+            (await session.execute(select(Host.public_key).where(Host.peer_id == body.peer_id))).scalar_one()
+        )
+
+    def proof(name: str, uid: str) -> str:
+        signed = services.tokens.sign_statement(assignment_signed_bytes(host_key, uid, name, expires))
+        return base64.b64encode(signed).decode()
+
     experts = [
-        {"experiment": name, "uid": uid, "spec": expert_spec(by_name[name]), "expires_at": expires}
+        {
+            "experiment": name,
+            "uid": uid,
+            "spec": expert_spec(by_name[name]),
+            "expires_at": expires,
+            "proof": proof(name, uid),
+        }
         for name, uid in pairs
     ]
     hub = request.app.get(HUB_KEY)
     online = [p for p in (hub.online() if hub is not None else []) if p != body.peer_id]
     bootstrap = random.sample(online, min(len(online), config.bootstrap_peers))
-    return web.json_response({"experts": experts, "bootstrap": bootstrap, "ttl_s": config.assignment_ttl_s})
+    coordinator_key = base64.b64encode(services.tokens.public_key_bytes).decode()
+    return web.json_response(
+        {
+            "experts": experts,
+            "bootstrap": bootstrap,
+            "ttl_s": config.assignment_ttl_s,
+            "coordinator_key": coordinator_key,
+        }
+    )
 
 
 class EnergyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -93,11 +135,31 @@ async def energy(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "invalid_request", f"kwh_delta must be within [0, {MAX_KWH_PER_REPORT}]")
     if await services.accounts.host_owner(body.peer_id) != claims.sub:
         raise ApiError(403, "host_not_bound", "this host is not bound to your account")
+    now = time.time()
     async with services.sessions() as session, session.begin():
+        # Written first (SQLite's write lock), so concurrent reports of one host cannot both spend
+        # the same elapsed time.
+        last = (
+            await session.execute(
+                update(Host)
+                .where(Host.peer_id == body.peer_id)
+                .values(energy_reported_at=Host.energy_reported_at)
+                .returning(Host.energy_reported_at, Host.bound_at)
+            )
+        ).one()
+        bound_at = last[1] if last[1].tzinfo is not None else last[1].replace(tzinfo=UTC)  # SQLite: naive UTC
+        since = last[0] if last[0] > 0 else bound_at.timestamp()
+        allowed = MAX_HOST_KW * max(0.0, now - since) / 3600.0
+        if body.kwh_delta > allowed:
+            raise ApiError(
+                422,
+                "implausible_energy",
+                f"{body.kwh_delta} kWh in {max(0.0, now - since):.0f} s is more than {MAX_HOST_KW} kW",
+            )
         await session.execute(
             update(Host)
             .where(Host.peer_id == body.peer_id)
-            .values(energy_kwh=Host.energy_kwh + body.kwh_delta)
+            .values(energy_kwh=Host.energy_kwh + body.kwh_delta, energy_reported_at=now)
         )
         total = (
             await session.execute(select(Host.energy_kwh).where(Host.peer_id == body.peer_id))

@@ -12,6 +12,7 @@ from engine.p2p.signaling_protocol import IceServer
 
 from . import api_accounts, api_ledger, api_swarm, site
 from .config import CoordinatorConfig
+from .http import error_response
 from .receipts import Verifier
 from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
@@ -40,7 +41,23 @@ async def _healthz(request: web.Request) -> web.Response:
     return web.json_response({"ok": True})
 
 
-async def _peers(request: web.Request) -> web.Response:
+async def _peers(request: web.Request) -> web.StreamResponse:
+    """Who is online: for account holders on the full coordinator (a bearer token of an enabled
+    account), from this machine only on the signaling-only hub (demos and tests)."""
+    if SERVICES in request.app:
+        return await _peers_for_accounts(request)
+    if request.remote not in ("127.0.0.1", "::1"):
+        return error_response(403, "forbidden", "the peer list is served to this machine only")
+    return _peer_list(request)
+
+
+@api_accounts.json_errors
+async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
+    await api_accounts.authenticate(request)
+    return _peer_list(request)
+
+
+def _peer_list(request: web.Request) -> web.Response:
     hub = request.app[HUB_KEY]
     return web.json_response({"online": hub.online(), "stats": vars(hub.stats)})
 
@@ -54,7 +71,13 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     stun = [IceServer(urls=list(config.stun_urls))] if config.stun_urls else []
     turn = TurnConfig(tuple(config.turn.urls), config.turn.secret, config.turn.ttl_s) if config.turn else None
     hub = SignalingHub(
-        ice_servers=stun, turn=turn, authorize=services.authorize_peer, limiter=services.ws_limiter
+        ice_servers=stun,
+        turn=turn,
+        authorize=services.authorize_peer,
+        limiter=services.ws_limiter,
+        offers=services.offer_gate,
+        recheck=services.refused_peers,
+        address_of=services.client_address,
     )
     app = create_app(hub=hub)
     app[SERVICES] = services
@@ -62,15 +85,15 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     # is what lets receipt ingestion use more than one core.
     workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
     verifier = Verifier(workers=workers)
-    costs = {e.name: e.expert_cost for e in config.experiments}
 
     async def close_services(_: web.Application) -> None:
         verifier.close()
         await services.close()
 
     app.on_cleanup.append(close_services)
+    app.cleanup_ctx.append(services.housekeeping)
     api_accounts.setup_routes(app)
-    api_ledger.setup_routes(app, api_ledger.LedgerDeps(services.sessions, costs, verifier))
+    api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
     api_swarm.setup_routes(app)
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.

@@ -69,10 +69,6 @@ def plan(
     return candidates[: max(0, count)]
 
 
-def under_replicated(uids: Iterable[str], coverage: Mapping[str, int], replication: int) -> list[str]:
-    return [u for u in uids if coverage.get(u, 0) < replication]
-
-
 async def coverage(session: AsyncSession, experiment: str, now: float) -> dict[str, int]:
     rows = await session.execute(
         select(Assignment.expert_uid, func.count())

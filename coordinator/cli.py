@@ -1,4 +1,6 @@
-"""``lah coordinator``: run the whole coordinator from a TOML config (and ``LAH_*`` environment)."""
+"""``lah coordinator``: run the whole coordinator from a TOML config (and ``LAH_*`` environment);
+``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` act on its database directly
+(the operator's tools, no admin token needed; a running coordinator sees the change at once)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from pathlib import Path
 
 from .app import start_full
 from .config import load_config
+from .services import open_services
 
 
 async def run(config_path: Path | None, host: str | None, port: int | None, make_admin: str | None) -> None:
@@ -34,3 +37,26 @@ async def run(config_path: Path | None, host: str | None, port: int | None, make
         await asyncio.Event().wait()
     finally:
         await running.stop()
+
+
+async def invite(config_path: Path | None, name: str, ttl_s: float | None = None) -> str:
+    """Create an invitation for ``name`` and print its code (shown once: only its hash is kept)."""
+    services = await open_services(load_config(config_path))
+    try:
+        code, expires_at = await services.accounts.invite(name, by=None, ttl_s=ttl_s)
+    finally:
+        await services.close()
+    print(
+        f"invitation for {name}: code {code} (single use, expires at unix time {expires_at:.0f})", flush=True
+    )
+    return code
+
+
+async def set_disabled(config_path: Path | None, name: str, disabled: bool) -> None:
+    """Disable (every token of the account is refused at once) or re-enable an account."""
+    services = await open_services(load_config(config_path))
+    try:
+        account = await services.accounts.set_disabled(name, disabled, by=None)
+    finally:
+        await services.close()
+    print(f"coordinator: {account.name} is {'disabled' if account.disabled else 'enabled'}", flush=True)

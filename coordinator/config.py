@@ -44,6 +44,13 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     verify_workers: int | None = None  # processes checking receipt signatures; None: one per core
     max_ws_per_ip: int = 64
     register_per_ip_per_minute: int = 30
+    # Addresses (or CIDR networks) of reverse proxies whose X-Forwarded-For is believed; empty: none.
+    trusted_proxies: list[str] = []
+    offers_per_minute: int = 120  # signaling offers relayed per sender (after a burst of offer_burst)
+    offer_burst: int = 64
+    receipts_per_account_per_minute: int = 60_000  # receipts (and batches) a trainer account may post
+    max_receipt_credit: float = 10_000.0  # credit one receipt may carry; more is refused
+    invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid
     exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
     experiments: list[ExperimentConfig] = []
 
@@ -60,12 +67,14 @@ _ENV_FIELDS = {
     "public_url": str,
     "token_ttl_s": int,
     "allowlist_mode": lambda v: v.lower() in ("1", "true", "yes"),
+    "trusted_proxies": lambda v: [p.strip() for p in v.split(",") if p.strip()],
     "exports_dir": str,
 }
 
 
 def load_config(path: Path | None = None, environ: dict[str, str] | None = None) -> CoordinatorConfig:
-    """File values, then ``LAH_HOST``, ``LAH_PORT``, ``LAH_DATABASE_URL``, ... from the environment."""
+    """File values, then ``LAH_HOST``, ``LAH_PORT``, ``LAH_DATABASE_URL``, ... from the environment
+    (``LAH_TRUSTED_PROXIES``: comma-separated)."""
     data: dict[str, Any] = {}
     if path is not None:
         try:

@@ -88,6 +88,17 @@ def experiment_of(expert_uid: str) -> str:
     return expert_uid.split(".", 1)[0]
 
 
+def in_grid(expert_uid: str, grid: Sequence[int]) -> bool:
+    """Whether ``expert_uid`` names a cell of the experiment's grid ("<name>.i.j", 0 <= i < grid[0] ...)."""
+    parts = expert_uid.split(".")[1:]
+    if len(parts) != len(grid):
+        return False
+    for part, size in zip(parts, grid, strict=True):
+        if not (part.isascii() and part.isdigit()) or (len(part) > 1 and part[0] == "0") or int(part) >= size:
+            return False
+    return True
+
+
 # ---------------------------------------------------------------- results
 
 
@@ -297,11 +308,18 @@ async def ingest(
     now: float | None = None,
     expert_costs: Mapping[str, float] | None = None,
     verifier: Verifier | None = None,
+    *,
+    grids: Mapping[str, Sequence[int]] | None = None,
+    max_credit: float | None = None,
+    account_id: int | None = None,
 ) -> IngestResult:
     """Verify, deduplicate and credit one batch of receipts, in one transaction.
 
     ``expert_costs`` maps experiment names to credit per sample; None: every expert costs 1.0, else an
-    expert of an experiment not in it is rejected (``unknown_expert``).
+    expert of an experiment not in it is rejected (``unknown_expert``). ``grids``: an expert outside
+    its experiment's grid is ``unknown_expert`` too. ``max_credit``: a receipt worth more is
+    ``over_ceiling``. ``account_id``: the authenticated poster; receipts signed by a key that is not
+    bound to it are ``not_your_key``, refused before any signature is checked.
     """
     now = time.time() if now is None else now
     receipts = batch.receipts if isinstance(batch, ReceiptBatch) else batch
@@ -316,13 +334,21 @@ async def ingest(
             continue
         seen.add(r.receipt_id)
         reason = _precheck(r, now)
-        if reason is None and expert_costs is not None and experiment_of(r.expert_uid) not in expert_costs:
+        experiment = experiment_of(r.expert_uid)
+        if reason is None and expert_costs is not None and experiment not in expert_costs:
             reason = "unknown_expert"
+        if reason is None and grids is not None and not in_grid(r.expert_uid, grids.get(experiment, ())):
+            reason = "unknown_expert"
+        cost = 1.0 if expert_costs is None else expert_costs.get(experiment, 0.0)
+        credit = receipt_credit(r.samples, r.backward, cost)
+        if reason is None and max_credit is not None and credit > max_credit:
+            reason = "over_ceiling"
         if reason is not None:
             result.rejected.append((r.receipt_id, reason))
             continue
-        cost = 1.0 if expert_costs is None else expert_costs[experiment_of(r.expert_uid)]
-        checked.append((r, receipt_credit(r.samples, r.backward, cost)))
+        checked.append((r, credit))
+    if account_id is not None and checked:
+        checked = await _own_keys(sessions, checked, account_id, result)
     verifier = verifier or _LOCAL_VERIFIER
     good_signatures = await verifier.check([r for r, _ in checked])
     candidates = []
@@ -373,6 +399,7 @@ async def ingest(
                 "served_at": r.served_at,
                 "credit": credit,
                 "withheld": False,
+                "credited_at": now,
             }
             for r, credit in good
         ]
@@ -412,6 +439,30 @@ async def ingest(
         # 5. Credit, summed per subject.
         await _apply(session, plan, now, host_rows)
     return result
+
+
+async def _own_keys(
+    sessions: async_sessionmaker[AsyncSession],
+    checked: list[tuple[SignedReceipt, float]],
+    account_id: int,
+    result: IngestResult,
+) -> list[tuple[SignedReceipt, float]]:
+    """Those receipts whose signer is a host of ``account_id`` (one indexed read, no signature checked)."""
+    signers = sorted({r.trainer_peer_id for r, _ in checked})
+    async with sessions() as session:
+        rows = await session.execute(
+            select(_HOSTS.c.peer_id).where(
+                in_list(session, _HOSTS.c.peer_id, signers), _HOSTS.c.account_id == account_id
+            )
+        )
+        mine = {row[0] for row in rows}
+    kept = []
+    for r, credit in checked:
+        if r.trainer_peer_id in mine:
+            kept.append((r, credit))
+        else:
+            result.rejected.append((r.receipt_id, "not_your_key"))
+    return kept
 
 
 def _chunks(items: Sequence[Any], n: int) -> Iterable[Sequence[Any]]:

@@ -1,19 +1,56 @@
 """Per-address limits: a token bucket for request rates and a counter for concurrent connections.
 
 Pure and synchronous (the clock is a parameter), so tests drive them with a fake clock. Keys are the
-remote IP as aiohttp reports it (``request.remote``); behind a reverse proxy that is the proxy's
-address, so such a deployment must forward the real one and configure the limits accordingly.
+client's IP: :class:`ClientAddress` takes aiohttp's ``request.remote`` and, only where that is one of
+the configured ``trusted_proxies``, walks ``X-Forwarded-For`` from the right past trusted proxies to the
+first address a trusted proxy saw (a client cannot pick its key by sending the header itself).
 Memory is bounded: idle buckets are forgotten, and at most ``max_keys`` addresses are tracked (the
 least recently seen is dropped first, which can only make the limiter more lenient, never stuck).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+
+from aiohttp import web
+
+IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+class ClientAddress:
+    """The client's address for rate limits; ``X-Forwarded-For`` counts only from trusted proxies.
+
+    ``proxies``: addresses or CIDR networks; a malformed one raises ValueError (at startup).
+    """
+
+    def __init__(self, proxies: Iterable[str] = ()) -> None:
+        self.networks: list[IpNetwork] = [ipaddress.ip_network(p.strip(), strict=False) for p in proxies]
+
+    def trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in net for net in self.networks)
+
+    def __call__(self, request: web.Request) -> str:
+        remote = request.remote or "?"
+        if not self.networks or not self.trusted(remote):
+            return remote
+        hops = [h.strip() for v in request.headers.getall("X-Forwarded-For", []) for h in v.split(",")]
+        for hop in reversed([h for h in hops if h]):
+            if not self.trusted(hop):
+                try:
+                    return str(ipaddress.ip_address(hop))
+                except ValueError:  # not written by a proxy of ours: keep the last one we trust
+                    return remote
+            remote = hop
+        return remote
 
 
 @dataclass

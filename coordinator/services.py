@@ -2,26 +2,35 @@
 
 ``open_services(config)`` migrates the database to the newest schema, loads (or creates) the token
 signing key and builds the rest; ``close()`` releases the database. The web app keeps the result
-under ``SERVICES``.
+under ``SERVICES`` and runs ``housekeeping`` while it serves: every ``HOUSEKEEPING_S`` it forgets
+revocations of tokens that have expired anyway and rate-limit buckets that are full again.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from engine.p2p import signaling_protocol as sp
 
 from .accounts import Accounts, NotFound
-from .config import CoordinatorConfig
+from .config import ConfigError, CoordinatorConfig
+from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
-from .ratelimit import ConnectionLimiter, RateLimiter
-from .signaling import PeerRefused
+from .ledger import in_list
+from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
+from .signaling import OfferGate, PeerRefused
 from .tokens import TokenAuthority, TokenError, load_signing_key
+
+logger = logging.getLogger(__name__)
+HOUSEKEEPING_S = 600.0
 
 
 @dataclass
@@ -33,6 +42,9 @@ class Services:
     accounts: Accounts
     register_limiter: RateLimiter
     ws_limiter: ConnectionLimiter
+    client_address: ClientAddress
+    offer_gate: OfferGate
+    receipt_limiter: RateLimiter  # per trainer account: receipts (a batch costs at least one)
     owns_engine: bool = True
 
     async def close(self) -> None:
@@ -58,6 +70,45 @@ class Services:
         if await self.accounts.host_owner(peer_id) != claims.sub:
             raise PeerRefused(sp.HOST_NOT_BOUND, f"host {peer_id[:12]} is not bound to this account")
 
+    async def housekeep(self) -> tuple[int, int]:
+        """One round: (expired revocations deleted, idle rate-limit buckets forgotten)."""
+        revocations = await self.tokens.prune()
+        buckets = sum(
+            limiter.prune() for limiter in (self.register_limiter, self.receipt_limiter, self.ws_limiter.rate)
+        )
+        buckets += self.offer_gate.limiter.prune()
+        return revocations, buckets
+
+    async def housekeeping(self, _app: web.Application) -> AsyncIterator[None]:
+        """aiohttp ``cleanup_ctx``: ``housekeep`` every ``HOUSEKEEPING_S`` while the app runs."""
+
+        async def forever() -> None:
+            while True:
+                await asyncio.sleep(HOUSEKEEPING_S)
+                try:
+                    await self.housekeep()
+                except Exception:  # the database is away for a moment: next round
+                    logger.exception("coordinator housekeeping failed")
+
+        task = asyncio.create_task(forever(), name="coordinator-housekeeping")
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    async def refused_peers(self, peer_ids: list[str]) -> set[str]:
+        """Those of ``peer_ids`` the hub must drop now: their account is disabled or gone, or they
+        are no longer bound (the hub's periodic sweep; one indexed query for all online peers)."""
+        if not peer_ids:
+            return set()
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(Host.peer_id)
+                .join(Account, Account.id == Host.account_id)
+                .where(in_list(s, Host.peer_id, sorted(peer_ids)), Account.disabled.is_(False))
+            )
+            fine = {r[0] for r in rows}
+        return set(peer_ids) - fine
+
 
 SERVICES = web.AppKey("services", Services)
 
@@ -80,6 +131,10 @@ async def open_services(
 
             await migrate(url, search_path=search_path)
         engine = make_engine(url, search_path=search_path)
+    try:
+        client_address = ClientAddress(config.trusted_proxies)
+    except ValueError as e:
+        raise ConfigError(f"trusted_proxies: {e}") from e
     sessions = session_factory(engine)
     tokens = TokenAuthority(
         load_signing_key(config.token_key_path), sessions, ttl_s=config.token_ttl_s, clock=clock
@@ -89,8 +144,13 @@ async def open_services(
         engine=engine,
         sessions=sessions,
         tokens=tokens,
-        accounts=Accounts(sessions, allowlist_mode=config.allowlist_mode),
+        accounts=Accounts(
+            sessions, allowlist_mode=config.allowlist_mode, invite_ttl_s=config.invite_ttl_s, clock=clock
+        ),
         register_limiter=RateLimiter.per_minute(config.register_per_ip_per_minute, clock=monotonic),
         ws_limiter=ConnectionLimiter(config.max_ws_per_ip, clock=monotonic),
+        client_address=client_address,
+        offer_gate=OfferGate(config.offers_per_minute / 60.0, config.offer_burst, clock=monotonic),
+        receipt_limiter=RateLimiter.per_minute(config.receipts_per_account_per_minute, clock=monotonic),
         owns_engine=owns_engine,
     )

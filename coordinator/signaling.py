@@ -11,13 +11,25 @@ host; otherwise the peer gets an Error (``token_required``, ``token_invalid``, `
 ``token_revoked``, ``host_not_bound``, ``account_disabled``) and a close code in the 4000 range. Built
 without ``authorize`` the hub admits any key holder (tests, demos). ``limiter`` caps concurrent and
 new sockets per remote address: over the limit, the upgrade is refused with HTTP 429.
+
+Each authenticated sender's offers pass a token bucket (``offers``): an offer over the rate is not
+relayed and its sender gets ``Error(rate_limited, ref=id)``, which fails that dial at once; the socket
+stays open. An offer the hub relayed within the last two minutes (same sender, same signed
+description) is dropped silently, so replaying one never costs its recipient a second connection attempt.
+
+``recheck`` (the full coordinator: accounts) is asked every ``recheck_s`` which online peers must go
+(account disabled, host unbound); their sockets are closed with ``account_disabled`` at once.
+``address_of`` says which client address a request counts against (trusted reverse proxies).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -28,12 +40,18 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
-from .ratelimit import ConnectionLimiter
+from .ratelimit import ConnectionLimiter, RateLimiter
 from .turn import TurnConfig, turn_server
 
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
+RATE_LIMITED = "rate_limited"
+# A node dials a few dozen peers as it joins (DHT bootstrap, experts), then a few a minute.
+OFFER_BURST = 64
+OFFERS_PER_S = 2.0
+DUPLICATE_WINDOW_S = 120.0  # a signed description is refused by its recipient after this anyway
+MAX_REMEMBERED_OFFERS = 65536
 
 # WebSocket close codes (application range) for refused peers; the Error frame before says more.
 CLOSE_POLICY = 1008
@@ -64,6 +82,9 @@ class PeerRefused(Exception):
 
 # authorize(token, peer_id): return to admit, raise PeerRefused to refuse. token may be None.
 PeerAuthorizer = Callable[[str | None, str], Awaitable[None]]
+# recheck(online peer ids) -> those to disconnect now.
+PeerRecheck = Callable[[list[str]], Awaitable[set[str]]]
+RECHECK_S = 5.0
 
 
 @dataclass
@@ -73,6 +94,51 @@ class HubStats:
     malformed: int = 0
     auth_failed: int = 0
     rate_limited: int = 0
+    offers_limited: int = 0
+    duplicates: int = 0
+
+
+class OfferGate:
+    """Which relayed offers go through: a token bucket per sender and a memory of recent offers.
+
+    Pure (the clock is a parameter) and bounded: at most ``MAX_REMEMBERED_OFFERS`` signatures, the
+    oldest forgotten first, and the limiter's own bound on senders.
+    """
+
+    def __init__(
+        self,
+        rate: float = OFFERS_PER_S,
+        burst: float = OFFER_BURST,
+        *,
+        window_s: float = DUPLICATE_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.limiter = RateLimiter(rate, burst, clock=clock)
+        self.window_s = window_s
+        self.clock = clock
+        self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
+
+    def check(self, sender: str, signal: sp.Signal) -> str | None:
+        """None to relay; else why not: ``"duplicate"`` or ``RATE_LIMITED``."""
+        if signal.description.type != "offer":
+            return None
+        now = self.clock()
+        while self._seen:
+            key, at = next(iter(self._seen.items()))
+            if now - at <= self.window_s and len(self._seen) <= MAX_REMEMBERED_OFFERS:
+                break
+            del self._seen[key]
+        desc = signal.description
+        key = (sender, hashlib.blake2b(desc.signed_bytes() + desc.signature, digest_size=16).digest())
+        if key in self._seen:
+            return "duplicate"
+        if not self.limiter.allow(sender):
+            return RATE_LIMITED
+        self._seen[key] = now
+        return None
+
+    def retry_after(self, sender: str) -> float:
+        return self.limiter.retry_after(sender)
 
 
 @dataclass
@@ -84,6 +150,11 @@ class SignalingHub:
     authorize: PeerAuthorizer | None = None
     require_token: bool | None = None  # None: required exactly when ``authorize`` is set
     limiter: ConnectionLimiter | None = None
+    offers: OfferGate = field(default_factory=OfferGate)
+    recheck: PeerRecheck | None = None
+    recheck_s: float = RECHECK_S
+    address_of: Callable[[web.Request], str] | None = None
+    _sweeper: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.require_token is None:
@@ -94,8 +165,30 @@ class SignalingHub:
     def online(self) -> list[str]:
         return sorted(self.peers)
 
+    async def sweep(self) -> int:
+        """Close the sockets of online peers that ``recheck`` refuses now; returns how many."""
+        if self.recheck is None or not self.peers:
+            return 0
+        try:
+            gone = await self.recheck(list(self.peers))
+        except Exception:  # the database is down: keep serving, try again next time
+            logger.exception("cannot recheck online peers")
+            return 0
+        for peer_id in gone:
+            ws = self.peers.pop(peer_id, None)
+            if ws is not None:
+                await self._refuse(ws, sp.ACCOUNT_DISABLED, "this account is disabled")
+        return len(gone)
+
+    async def _sweep_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.recheck_s)
+            await self.sweep()
+
     async def handle(self, request: web.Request) -> web.StreamResponse:
-        address = request.remote or "?"
+        if self.recheck is not None and (self._sweeper is None or self._sweeper.done()):
+            self._sweeper = asyncio.create_task(self._sweep_forever(), name="signaling-recheck")
+        address = self.address_of(request) if self.address_of is not None else (request.remote or "?")
         if self.limiter is not None:
             if not self.limiter.acquire(address):
                 self.stats.rate_limited += 1
@@ -195,6 +288,18 @@ class SignalingHub:
                 self.stats.malformed += 1
                 await self._refuse(ws, "malformed", str(e))
                 return
+            verdict = self.offers.check(peer_id, signal)
+            if verdict == "duplicate":
+                self.stats.duplicates += 1
+                continue
+            if verdict == RATE_LIMITED:
+                self.stats.offers_limited += 1
+                wait = self.offers.retry_after(peer_id)
+                error = sp.Error(
+                    code=RATE_LIMITED, message=f"too many offers: retry in {wait:.1f} s", ref=signal.id
+                )
+                await ws.send_str(sp.encode(error))
+                continue
             target = self.peers.get(signal.to)
             if target is None or target.closed:
                 self.stats.unknown_peer += 1
@@ -215,6 +320,9 @@ class SignalingHub:
 
     async def close_all(self) -> None:
         """Going away: close every socket (1001) so clients reconnect at once, not after a timeout."""
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         sockets = list(self.peers.values())
         self.peers.clear()
         await asyncio.gather(

@@ -117,17 +117,21 @@ async def report_spot_check(
             _RECEIPTS.c.withheld == False,  # noqa: E712
         )
         granted = (
-            await session.execute(select(_RECEIPTS.c.served_at, _RECEIPTS.c.credit).where(in_period))
+            await session.execute(
+                select(_RECEIPTS.c.served_at, _RECEIPTS.c.credit, _RECEIPTS.c.credited_at).where(in_period)
+            )
         ).all()
         if not granted:
             return SpotCheckResult(flag_id=flag_id, withheld_receipts=0, reversed_credit=0.0)
         await session.execute(update(_RECEIPTS).where(in_period).values(withheld=True, credit=0.0))
-        # Take back the total, and what is left of each grant in the recent credit (it has decayed
-        # since; served_at stands in for the time it was granted).
+        # Take back the total, and what is left of each grant in the recent credit: it was added in
+        # full when the receipt was ingested (credited_at) and has decayed since. Receipts stored
+        # before credited_at existed fall back to served_at, the closest time known.
         plan = _Plan()
         reversed_credit = 0.0
-        for served_at, credit in granted:
-            plan.add(report.host_peer_id, -credit, -decay(credit, served_at, now), -1, day_of(served_at))
+        for served_at, credit, credited_at in granted:
+            granted_at = served_at if credited_at is None else credited_at
+            plan.add(report.host_peer_id, -credit, -decay(credit, granted_at, now), -1, day_of(served_at))
             reversed_credit += credit
         await _apply(session, plan, now, host_rows)
         return SpotCheckResult(

@@ -148,6 +148,20 @@ class TokenAuthority:
         payload = _encoder.encode(claims)
         return _b64(payload) + "." + _b64(self._key.sign(DOMAIN + payload))
 
+    @property
+    def public_key_bytes(self) -> bytes:
+        """The coordinator's raw public key: what readers check its statements against."""
+        from cryptography.hazmat.primitives import serialization
+
+        return self.public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def sign_statement(self, data: bytes) -> bytes:
+        """The coordinator's signature of a statement that starts with its own domain tag
+        (``engine.wire.statements``): never confusable with a token, whose signed bytes start ``DOMAIN``."""
+        if data.startswith(DOMAIN):
+            raise ValueError("a statement must not look like a token")
+        return self._key.sign(data)
+
     # -- checking -----------------------------------------------------------------------------------
 
     def decode(self, token: str, now: float | None = None) -> Claims:

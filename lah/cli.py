@@ -31,6 +31,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     coord.add_argument("--host", help="listen address (default 127.0.0.1)")
     coord.add_argument("--port", type=int, help="listen port (default 8470)")
     coord.add_argument("--make-admin", metavar="NAME", help="give this existing account the admin role")
+    actions = coord.add_subparsers(dest="action", metavar="{invite,disable,enable}")
+    coord_invite = actions.add_parser("invite", help="create a single-use invitation code for NAME")
+    coord_invite.add_argument("name")
+    coord_invite.add_argument("--ttl-days", type=float, help="how long the code is valid (default 14)")
+    for action, text in (("disable", "refuse every token of an account at once"), ("enable", "re-enable it")):
+        actions.add_parser(action, help=text).add_argument("name")
     node = sub.add_parser("node", help="run the volunteer node (host experts while the computer is idle)")
     node.add_argument("--coordinator", default="http://127.0.0.1:8470", help="coordinator URL")
     node.add_argument("--name", help="account name on first run")
@@ -53,6 +59,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds to keep the coordinator up after training (default: until Ctrl+C)",
     )
     dmoe.add_argument("--app", action="store_true", help="the tray app joins too (needs a display)")
+    dmoe.add_argument(
+        "--wire",
+        choices=["float16", "int8"],
+        default="float16",
+        help="how expert calls travel (int8: half the bytes)",
+    )
     from . import selftest  # light: each part imports what it tests
 
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
@@ -81,13 +93,24 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         eventloop.run(demo_transport(args.mib))
     elif args.command == "demo":
+        from engine.trainer import TrainerConfig
+
         from .demo import run_demo  # starts its own loop thread (the trainer's autograd is synchronous)
 
-        run_demo(volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app)
+        config = TrainerConfig(wire=args.wire)
+        run_demo(
+            volunteers=args.volunteers, steps=args.steps, linger=args.linger, app=args.app, config=config
+        )
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
 
-        eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
+        if args.action == "invite":
+            ttl = None if args.ttl_days is None else args.ttl_days * 86400
+            eventloop.run(coordinator_cli.invite(args.config, args.name, ttl))
+        elif args.action in ("disable", "enable"):
+            eventloop.run(coordinator_cli.set_disabled(args.config, args.name, args.action == "disable"))
+        else:
+            eventloop.run(coordinator_cli.run(args.config, args.host, args.port, args.make_admin))
     elif args.command == "node":
         from engine.control.commands import run_node
 

@@ -190,7 +190,7 @@ def run_demo(
                 )
                 say(f"round {rounds}: accuracy {accuracy:.3f}; requests served so far: {by_host}")
             time.sleep(0.2)
-            board = loop.run(node.http.get("/api/leaderboard?kind=hosts&per_page=100"), 15)
+            board = loop.run(node.api.get("/api/leaderboard?kind=hosts&per_page=100"), 15)
             credit = {
                 str(e.get("id", "")): float(e.get("credit_total", 0.0)) for e in board.get("entries", [])
             }

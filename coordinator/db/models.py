@@ -23,6 +23,7 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 NAME_MAX = 64
+SKELETON_MAX = 4 * NAME_MAX  # a character's prototype may be several characters ("m" -> "rn")
 PEER_ID_LEN = 40
 ROLES = ("volunteer", "trainer", "admin")
 
@@ -47,6 +48,7 @@ class Team(CreditMixin, Base):
     __tablename__ = "teams"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
+    name_skeleton: Mapped[str | None] = mapped_column(String(SKELETON_MAX), nullable=True, index=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
     accounts: Mapped[list[Account]] = relationship(back_populates="team")
     __table_args__ = (
@@ -66,6 +68,8 @@ class Account(CreditMixin, Base):
     __tablename__ = "accounts"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
+    # coordinator.confusables.skeleton(name): look-alike names share it, and are refused as taken.
+    name_skeleton: Mapped[str | None] = mapped_column(String(SKELETON_MAX), nullable=True, index=True)
     team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), nullable=True, index=True)
     role: Mapped[str] = mapped_column(String(16), default="volunteer", nullable=False)
     disabled: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
@@ -99,6 +103,8 @@ class Host(CreditMixin, Base):
     # The node's own estimate of energy spent on contributed work (NVML power, or a CPU TDP share),
     # reported by the host with its account token: shown, never credited.
     energy_kwh: Mapped[float] = mapped_column(Float, default=0.0, server_default="0", nullable=False)
+    # When the last energy report came (unix time; 0: none yet): a report is bounded by the time since.
+    energy_reported_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0", nullable=False)
     account: Mapped[Account] = relationship(back_populates="hosts")
     __table_args__ = (
         Index("ix_hosts_credit_total", "credit_total"),
@@ -111,6 +117,21 @@ class AllowlistEntry(Base):
 
     __tablename__ = "allowlist"
     name: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+
+
+class Invite(Base):
+    """An invitation in allowlist mode: the name it is for and a secret code, single use, expiring.
+
+    Only a hash of the code is kept, so the table does not hand out registrations if it leaks.
+    """
+
+    __tablename__ = "invites"
+    code_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex of the code
+    name: Mapped[str] = mapped_column(String(NAME_MAX), nullable=False, index=True)
+    created_at: Mapped[float] = mapped_column(Float, nullable=False)
+    expires_at: Mapped[float] = mapped_column(Float, nullable=False)
+    used_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    used_by: Mapped[int | None] = mapped_column(ForeignKey("accounts.id"), nullable=True)
 
 
 class RevokedToken(Base):
@@ -132,6 +153,8 @@ class Receipt(Base):
     served_at: Mapped[float] = mapped_column(Float, nullable=False)
     credit: Mapped[float] = mapped_column(Float, nullable=False)
     withheld: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+    # When the credit was added to the recent sums (ingestion time): a reversal decays from here.
+    credited_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     __table_args__ = (Index("ix_receipts_host_time", "host_peer_id", "served_at"),)
 
 

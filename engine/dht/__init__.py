@@ -2,8 +2,9 @@
 
 Layers, top down (each imports only those below it)::
 
-    experts      facade: declare_experts / get_experts / first_k_active, Declarer (re-declares)
-      │            keys: uid -> (key, subkey) slots, pure
+    experts      facade: declare_experts / get_experts / first_k_active, Declarer (re-declares),
+      │            declarations (who declared what, and whether the coordinator's proof holds)
+      │            keys: uid -> (key, subkey) slots, assignment proofs, pure
       ▼
     node         DHTNode: bootstrap, find_node, store (k replicas), get (union, verified), upkeep
       ▼
@@ -25,7 +26,7 @@ Exceptions (drawn in ``errors``)::
     DHTError
     ├── CallFailed ── CallTimeout
     ├── BadRequest
-    └── RecordRejected ── BadSignature, StaleRecord, ExpiredRecord, RecordTooLarge
+    └── RecordRejected ── BadSignature, StaleRecord, ExpiredRecord, RecordTooLarge, QuotaExceeded
 """
 
 from .errors import (
@@ -35,11 +36,22 @@ from .errors import (
     CallTimeout,
     DHTError,
     ExpiredRecord,
+    QuotaExceeded,
     RecordRejected,
     RecordTooLarge,
     StaleRecord,
 )
-from .experts import Declarer, ExpertInfo, declare_experts, first_k_active, get_active_successors, get_experts
+from .experts import (
+    AssignmentProof,
+    Declared,
+    Declarer,
+    ExpertInfo,
+    declarations,
+    declare_experts,
+    first_k_active,
+    get_active_successors,
+    get_experts,
+)
 from .ids import key_id_of, node_id_of
 from .memory import MemoryNetwork, MemoryTransport
 from .node import DHTNode, GetResult, StoreResult
@@ -47,6 +59,7 @@ from .records import Record, sign_record, verify_record
 from .transport import DHTTransport
 
 __all__ = [
+    "AssignmentProof",
     "BadRequest",
     "BadSignature",
     "CallFailed",
@@ -54,17 +67,20 @@ __all__ = [
     "DHTError",
     "DHTNode",
     "DHTTransport",
+    "Declared",
     "Declarer",
     "ExpertInfo",
     "ExpiredRecord",
     "GetResult",
     "MemoryNetwork",
     "MemoryTransport",
+    "QuotaExceeded",
     "Record",
     "RecordRejected",
     "RecordTooLarge",
     "StaleRecord",
     "StoreResult",
+    "declarations",
     "declare_experts",
     "first_k_active",
     "get_active_successors",

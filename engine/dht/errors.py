@@ -8,7 +8,10 @@
         ├── BadSignature         not signed by the public key it names (forged or corrupted)
         ├── StaleRecord          not newer than the owner's record already held
         ├── ExpiredRecord        expired, or expiring further ahead than a store accepts
-        └── RecordTooLarge       key, subkey or value over the size limits
+        ├── RecordTooLarge       key, subkey or value over the size limits
+        └── QuotaExceeded        the owner, the sender or the key holds as many records as a node keeps
+
+A malformed record (a 31-byte public key, a short signature) is a BadRequest wherever it is read.
 
 Lookups and stores never raise for single-node failures: a failed node is skipped (and evicted from
 the routing table after repeated failures), and the result says how many nodes answered.
@@ -50,4 +53,8 @@ class ExpiredRecord(RecordRejected):
 
 
 class RecordTooLarge(RecordRejected):
+    pass
+
+
+class QuotaExceeded(RecordRejected):
     pass

@@ -11,20 +11,34 @@ coordinate, so a beam search can ask "which children of ``ffn.3.`` are alive?" w
 
 The owner of each record is the host (its signature); a slot is (owner, subkey), so many hosts share a
 prefix key and a host declaring several experts under one prefix writes one slot per child coordinate.
+
+A declaration may carry the coordinator's assignment statement for its uid (``engine.wire.statements``:
+the coordinator signed "the host with this public key serves this uid of this experiment until
+``assigned_until``"). ``proof_holds`` checks it against the record's signer, so a proof cannot be
+lifted into another host's declaration, and against the coordinator's key, which readers learn from
+the coordinator. Anyone may still declare anything; readers that know the key prefer assigned hosts.
 """
 
 from __future__ import annotations
 
 import msgspec
 
+from engine.p2p.errors import IdentityError
+from engine.p2p.identity import verify
+from engine.wire.statements import assignment_signed_bytes
+
 from .errors import BadRequest
 
 UID_DELIMITER = "."
 
 
-class Declaration(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+class Declaration(
+    msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True, omit_defaults=True
+):
     host: str
     uid: str
+    assigned_until: float = 0.0  # the assignment statement's expiry; 0: no proof
+    proof: bytes = b""  # the coordinator's signature of that statement
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -60,8 +74,32 @@ def group_slots(uids: list[str]) -> dict[str, dict[str, str]]:
     return out
 
 
-def encode_declaration(host: str, uid: str) -> bytes:
-    return _ENCODER.encode(Declaration(host, uid))
+def encode_declaration(host: str, uid: str, assigned_until: float = 0.0, proof: bytes = b"") -> bytes:
+    return _ENCODER.encode(Declaration(host, uid, float(assigned_until), bytes(proof)))
+
+
+def experiment_of(uid: str) -> str:
+    return uid.split(UID_DELIMITER, 1)[0]
+
+
+def proof_holds(
+    declaration: Declaration, key: str, subkey: str, signer_key: bytes, coordinator_key: bytes, now: float
+) -> bool:
+    """Whether the declaration (under ``key``/``subkey``, signed by ``signer_key``) carries the
+    coordinator's unexpired assignment of its uid to its signer."""
+    if not declaration.proof or declaration.assigned_until <= now:
+        return False
+    uid = declaration.uid
+    if uid != key + subkey and not (
+        key.endswith(UID_DELIMITER) and uid.startswith(key + subkey + UID_DELIMITER)
+    ):
+        return False  # the proof is for another slot than the one it was put in
+    data = assignment_signed_bytes(signer_key, uid, experiment_of(uid), declaration.assigned_until)
+    try:
+        verify(coordinator_key, data, declaration.proof)
+    except IdentityError:
+        return False
+    return True
 
 
 def decode_declaration(raw: bytes) -> Declaration:

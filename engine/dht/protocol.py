@@ -13,8 +13,10 @@ the contact (evicted after ``max_failures`` in a row). When a full bucket meets 
 recently seen contact is pinged in the background: it stays if it answers, else the newcomer replaces it.
 
 A store checks, per record: sizes, expiry window, that it is newer than the owner's record in that slot
-(before the costly part), then the Ed25519 signature. Replies carry at most ``REPLY_RECORD_BYTES`` of
-records (the wire caps a header at 64 KiB); the latest-expiring records go first.
+(before the costly part), then the Ed25519 signature, then the store's quotas (per owner, per sender:
+the authenticated peer that sent it, per key). Replies carry at most ``REPLY_RECORD_BYTES`` of records
+(the wire caps a header at 64 KiB), picked fairly: one record per owner first (``storage.fair_order``),
+so one owner's many records cannot hide another's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from .errors import BadRequest, CallFailed, RecordRejected
 from .ids import id_from_bytes, id_to_bytes, node_id_of
 from .records import Record, check_fresh, decode_record, encode_record, verify_record
 from .routing import Contact, RoutingTable
-from .storage import RecordStore
+from .storage import RecordStore, fair_order
 from .transport import DHTTransport, Fields
 
 logger = logging.getLogger(__name__)
@@ -40,11 +42,14 @@ MAX_RECORDS_IN_REQUEST = 512
 MAX_BACKGROUND_PINGS = 8
 
 
-def pack_records(records: list[Record], budget: int = REPLY_RECORD_BYTES) -> list[list[bytes]]:
-    """Split encoded records into batches of at most ``budget`` bytes each (latest expiration first)."""
+def pack_records(
+    records: list[Record], budget: int = REPLY_RECORD_BYTES, *, ordered: bool = False
+) -> list[list[bytes]]:
+    """Split encoded records into batches of at most ``budget`` bytes each (latest expiration first,
+    or in the given order where ``ordered``)."""
     batches: list[list[bytes]] = [[]]
     used = 0
-    for record in sorted(records, key=lambda r: -r.expiration):
+    for record in records if ordered else sorted(records, key=lambda r: -r.expiration):
         raw = encode_record(record)
         if batches[-1] and (used + len(raw) > budget or len(batches[-1]) >= MAX_RECORDS_IN_REQUEST):
             batches.append([])
@@ -183,7 +188,7 @@ class DHTProtocol:
         key_id = _id_field(fields, "key")
         self._sender(sender)
         records = self.storage.get(key_id, self.clock())
-        batch = pack_records(records)[0] if records else []
+        batch = pack_records(fair_order(records), ordered=True)[0] if records else []
         return {"peers": self._nearest(key_id, sender), "records": batch}
 
     async def _serve_store(self, sender: str, fields: Fields) -> Fields:
@@ -191,10 +196,11 @@ class DHTProtocol:
         if not isinstance(raw, list) or len(raw) > MAX_RECORDS_IN_REQUEST:
             raise BadRequest(f"records must be a list of at most {MAX_RECORDS_IN_REQUEST}")
         self._sender(sender)
-        return {"accepted": [self.accept(item) for item in raw]}
+        return {"accepted": [self.accept(item, sender) for item in raw]}
 
-    def accept(self, raw: object) -> bool:
-        """Check one received record and keep it; False (and a count) if it is refused."""
+    def accept(self, raw: object, sender: str | None = None) -> bool:
+        """Check one received record (sent by ``sender``) and keep it; False (and a count) if it is
+        refused. Never raises: a malformed record is refused like any other."""
         now = self.clock()
         try:
             record = decode_record(raw)
@@ -204,7 +210,7 @@ class DHTProtocol:
             if held is not None and held.expiration >= record.expiration:
                 return held == record  # a replica we already hold is not an error
             verify_record(record)
-            self.storage.put(key_id, record, now)
+            self.storage.put(key_id, record, now, sender)
         except (RecordRejected, BadRequest) as e:
             self.rejected += 1
             logger.debug("refused a record: %s", e)

@@ -46,7 +46,11 @@ class Record(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields
 
     @property
     def owner(self) -> str:
-        return peer_id_of(self.public_key)
+        """The signer's peer id; BadRequest for a public key that is not one (wrong length)."""
+        try:
+            return peer_id_of(self.public_key)
+        except IdentityError as e:
+            raise BadRequest(f"malformed record: {e}") from e
 
     @property
     def key_id(self) -> int:
@@ -106,9 +110,17 @@ def encode_record(record: Record) -> bytes:
 
 
 def decode_record(raw: object) -> Record:
+    """A record from the wire; BadRequest for anything malformed, a key or signature of the wrong
+    length included (so no later step meets a key it cannot read)."""
     if not isinstance(raw, bytes | bytearray):
         raise BadRequest("a record travels as bytes")
     try:
-        return _DECODER.decode(raw)
+        record = _DECODER.decode(raw)
     except msgspec.DecodeError as e:
         raise BadRequest(f"undecodable record: {e}") from e
+    if len(record.public_key) != PUBLIC_KEY_BYTES or len(record.signature) != SIGNATURE_BYTES:
+        raise BadRequest(
+            f"malformed record: a {len(record.public_key)}-byte public key, a {len(record.signature)}-byte"
+            f" signature (want {PUBLIC_KEY_BYTES} and {SIGNATURE_BYTES})"
+        )
+    return record

@@ -5,6 +5,10 @@ coroutine to the :class:`LoopThread` that runs the Peer, and wait a bounded time
 expert costs, so:
 
 - inputs go out in ``wire_dtype`` (float16 by default: half of float32), and the host replies in float16;
+  an experiment may choose ``wire="int8"`` (:data:`WIRE_FORMATS`): inputs, outputs and both gradients then
+  travel as 8-bit blockwise absmax (``engine.wire.compression``), about half of float16's bytes, and the
+  host answers in the format the request asks for. Error feedback does not apply here: every call carries
+  other samples, so there is no residual to carry into the next one;
 - the forward's activation id lets the host keep the inputs, so backward sends only the output gradient;
   only if the host answers ``inputs_evicted`` are the inputs sent again (the copy kept here is the exact
   wire tensor, so the host recomputes exactly what it answered).
@@ -29,7 +33,11 @@ from .errors import ExpertCallFailed
 from .loop_thread import LoopThread
 from .registry import ExpertSpec
 
-__all__ = ["RemoteExpert", "new_activation_id"]
+__all__ = ["WIRE_FORMATS", "RemoteExpert", "new_activation_id"]
+
+#: What an experiment may choose for expert calls: the name (sent in each request's ``wire`` field, so the
+#: host replies alike) and how the request's tensors are encoded on top of ``wire_dtype``.
+WIRE_FORMATS: dict[str, Compression] = {"float16": Compression.NONE, "int8": Compression.INT8}
 
 #: Slack for the outer wait in the training thread, over the RPC's own timeout, so the RPC's clearer
 #: error (with the method and the host) wins the race.
@@ -52,8 +60,12 @@ class RemoteExpert(nn.Module):
         loop: LoopThread,
         timeout: float = 30.0,
         wire_dtype: torch.dtype = torch.float16,
+        wire: str = "float16",
     ) -> None:
         super().__init__()
+        if wire not in WIRE_FORMATS:
+            raise ValueError(f"unknown wire format {wire!r}; known: {sorted(WIRE_FORMATS)}")
+        self.wire = wire
         self.peer = peer
         self.host_peer_id = host_peer_id
         self.uid = uid
@@ -79,7 +91,7 @@ class RemoteExpert(nn.Module):
 
     async def call_forward(self, activation_id: str, wire_inputs: torch.Tensor) -> torch.Tensor:
         _, _, tensors = await self._call(
-            "moe.forward", {"uid": self.uid, "aid": activation_id}, [wire_inputs]
+            "moe.forward", {"uid": self.uid, "aid": activation_id, "wire": self.wire}, [wire_inputs]
         )
         return _one_tensor(tensors, self.uid)
 
@@ -88,7 +100,7 @@ class RemoteExpert(nn.Module):
     ) -> torch.Tensor:
         """Input gradient; re-sends the inputs once if the host evicted them."""
         deadline = time.monotonic() + self.timeout
-        fields = {"uid": self.uid, "aid": activation_id}
+        fields = {"uid": self.uid, "aid": activation_id, "wire": self.wire}
         try:
             _, _, tensors = await self._call("moe.backward", fields, [wire_grad])
         except ExpertCallFailed as e:
@@ -110,7 +122,7 @@ class RemoteExpert(nn.Module):
                 fields,
                 tensors,
                 timeout=timeout if timeout is not None else self.timeout,
-                compression=Compression.NONE,  # already in wire_dtype
+                compression=WIRE_FORMATS[self.wire],  # NONE: already in wire_dtype
             )
         except RemoteError as e:
             raise ExpertCallFailed(f"{where}: {e}", e.code) from e

@@ -29,6 +29,10 @@ prefix share one get. Only the very first lookup of a prefix waits, for at most 
 first contact with a DHT node over WebRTC includes signaling and a DTLS handshake, which is slow. A failed
 or timed-out lookup is cached as empty for ``negative_ttl_s`` so a dead region does not stall every step.
 
+With the coordinator's public key (``coordinator_key``) the finder prefers hosts whose declarations carry
+the coordinator's assignment proof (``engine.dht.keys``): anyone may declare any expert, but only
+assigned hosts are used where there are some.
+
 Hosts that failed a call recently (:meth:`DHTExpertFinder.report_failure`) are avoided for
 ``penalty_s`` when an expert has another live host, so trainers route around a dead host before its
 declarations expire.
@@ -45,7 +49,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from engine.dht import DHTError, DHTNode
-from engine.dht.experts import declared_records
+from engine.dht.experts import declarations
 
 __all__ = ["Children", "DHTExpertFinder", "dht_lookup"]
 
@@ -56,19 +60,25 @@ Children = dict[int, tuple[str, tuple[str, ...]]]
 Lookup = Callable[[str], Awaitable[Children]]
 
 
-def dht_lookup(node: DHTNode) -> Lookup:
-    """One get of ``prefix`` on ``node``: its live children with their hosts (latest declared first)."""
+def dht_lookup(node: DHTNode, coordinator_key: bytes | None = None) -> Lookup:
+    """One get of ``prefix`` on ``node``: its live children with their hosts (latest declared first).
+
+    With ``coordinator_key``, a child that has hosts with a valid assignment proof lists only those:
+    a peer that declares an expert it was not assigned is used only where nobody assigned serves it.
+    """
 
     async def lookup(prefix: str) -> Children:
         result = await node.get(prefix)
-        out: dict[int, tuple[str, list[str]]] = {}
-        for record, host in declared_records(result):
-            if not record.subkey.isdigit():
+        out: dict[int, tuple[str, list[str], list[str]]] = {}
+        for d in declarations(result, coordinator_key, node.clock()):
+            if not d.record.subkey.isdigit():
                 continue
-            _, hosts = out.setdefault(int(record.subkey), (prefix + record.subkey, []))
-            if host not in hosts:
-                hosts.append(host)
-        return {c: (uid, tuple(hosts)) for c, (uid, hosts) in out.items()}
+            _, hosts, assigned = out.setdefault(int(d.record.subkey), (prefix + d.record.subkey, [], []))
+            if d.host not in hosts:
+                hosts.append(d.host)
+            if d.assigned and d.host not in assigned:
+                assigned.append(d.host)
+        return {c: (uid, tuple(assigned or hosts)) for c, (uid, hosts, assigned) in out.items()}
 
     return lookup
 
@@ -87,6 +97,7 @@ class DHTExpertFinder:
         self,
         node_or_lookup: DHTNode | Lookup,
         *,
+        coordinator_key: bytes | None = None,
         beam_size: int | None = None,
         ttl_s: float = 10.0,
         negative_ttl_s: float = 2.0,
@@ -95,7 +106,10 @@ class DHTExpertFinder:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
-        self._lookup = dht_lookup(node_or_lookup) if isinstance(node_or_lookup, DHTNode) else node_or_lookup
+        if isinstance(node_or_lookup, DHTNode):
+            self._lookup = dht_lookup(node_or_lookup, coordinator_key)
+        else:
+            self._lookup = node_or_lookup
         self.beam_size = beam_size
         self.ttl_s, self.negative_ttl_s = ttl_s, negative_ttl_s
         self.first_timeout, self.penalty_s = first_timeout, penalty_s

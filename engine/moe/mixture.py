@@ -117,14 +117,17 @@ class RemoteMixtureOfExperts(nn.Module):
         grace_s: float = 0.5,
         timeout: float = 30.0,
         observer: CallObserver | None = None,
+        wire: str = "float16",
     ) -> None:
         """``observer``: told of every expert request (see :class:`CallRecord`); ``finder`` may also
-        offer ``find_batch(prefix, batch_scores, k)``, used instead of one ``find`` per sample."""
+        offer ``find_batch(prefix, batch_scores, k)``, used instead of one ``find`` per sample; ``wire``:
+        how expert calls travel (:data:`~engine.moe.client.WIRE_FORMATS`)."""
         super().__init__()
         self.observer = observer
         self.peer, self.finder, self.loop = peer, finder, loop
         self.grid_size, self.uid_prefix = tuple(grid_size), uid_prefix
         self.k_best, self.k_min, self.grace_s, self.timeout = k_best, k_min, grace_s, timeout
+        self.wire = wire
         self.gates = nn.ModuleList(nn.Linear(in_features, n) for n in self.grid_size)
         self._experts: dict[tuple[str, str], RemoteExpert] = {}
 
@@ -163,7 +166,9 @@ class RemoteMixtureOfExperts(nn.Module):
     def _expert(self, uid: str, host: str) -> RemoteExpert:
         key = (uid, host)
         if key not in self._experts:
-            self._experts[key] = RemoteExpert(self.peer, host, uid, loop=self.loop, timeout=self.timeout)
+            self._experts[key] = RemoteExpert(
+                self.peer, host, uid, loop=self.loop, timeout=self.timeout, wire=self.wire
+            )
         return self._experts[key]
 
     async def _find_all(self, scores: list[list[list[float]]]) -> list[list[tuple[str, str]]]:

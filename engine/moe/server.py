@@ -179,25 +179,34 @@ class ExpertServer:
             raise RemoteError(UnknownExpert.code, f"no expert {str(uid)[:64]!r} here")
         return backend
 
-    def _reply(self, tensors: list[torch.Tensor]) -> Message:
-        return Message(Kind.RESPONSE, 0, tensors=tensors, compression=self.reply_compression)
+    def _reply_compression(self, msg: Message) -> Compression:
+        """Replies travel as the request asks (``wire``: float16, the default, or int8); see RemoteExpert.
+        Checked before any compute, so a request with an unknown format costs nothing."""
+        wire = msg.fields.get("wire", "float16")
+        if wire == "int8":
+            return Compression.INT8
+        if wire == "float16":
+            return self.reply_compression
+        raise RemoteError("bad_input", f"unknown wire format {str(wire)[:32]!r}; known: float16, int8")
 
     async def _forward(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)
+        compression = self._reply_compression(msg)
         if len(msg.tensors) != 1:
             raise RemoteError("bad_input", f"moe.forward takes 1 tensor, got {len(msg.tensors)}")
         with self._tracked():
             outputs = await _as_remote(backend.forward(ctx.peer_id, _aid(msg), msg.tensors[0]))
-        return self._reply([outputs])
+        return Message(Kind.RESPONSE, 0, tensors=[outputs], compression=compression)
 
     async def _backward(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)
+        compression = self._reply_compression(msg)
         if len(msg.tensors) not in (1, 2):
             raise RemoteError("bad_input", f"moe.backward takes 1 or 2 tensors, got {len(msg.tensors)}")
         inputs = msg.tensors[1] if len(msg.tensors) == 2 else None
         with self._tracked():
             grads = await _as_remote(backend.backward(ctx.peer_id, _aid(msg), msg.tensors[0], inputs))
-        return self._reply([grads])
+        return Message(Kind.RESPONSE, 0, tensors=[grads], compression=compression)
 
     async def _info(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)

@@ -5,7 +5,9 @@ and ``engine.resources``; never Qt, ``app/`` or ``coordinator/``)::
 
     errors           the exception tree below
     tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
-    coordinator_api  the coordinator's HTTP API (accounts, host binding, token refresh, assignment)
+    coordinator_api  the coordinator's HTTP API, the engine's one client of it (accounts, host binding,
+                     token refresh, assignment with its proofs, energy; the trainer's receipts and
+                     spot checks too)
     memory           the memory budget offered to the coordinator; process RSS
     gate             WorkGate: one switch in front of moe.forward/backward ("unavailable" when closed)
     hosting          Hosting: the ExpertServer of the current assignment; release/restore memory

@@ -1,4 +1,5 @@
-"""The coordinator's HTTP API as the node uses it: accounts, host binding, token refresh, assignments.
+"""The coordinator's HTTP API, the engine's one client of it: the node's accounts, host binding, token
+refresh, assignments and energy, and the trainer's bootstrap peers, receipts and spot checks.
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
@@ -8,6 +9,7 @@ the one piece both must agree on byte for byte, the host-binding message, is in 
 from __future__ import annotations
 
 import base64
+import binascii
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ class AssignedExpert:
     uid: str
     spec: ExpertSpec
     expires_at: float
+    proof: bytes = b""  # the coordinator's signature of the assignment statement (DHT declarations)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Assignment:
     experts: tuple[AssignedExpert, ...]
     bootstrap: tuple[str, ...]
     ttl_s: float
+    coordinator_key: bytes = b""  # what the assignment proofs verify with
 
     @property
     def specs(self) -> dict[str, ExpertSpec]:
@@ -50,15 +54,23 @@ def parse_assignment(raw: Any) -> Assignment:
                 str(e["uid"]),
                 ExpertSpec.from_fields({"hidden": 0, "heads": 1, "seq_len": 0, **e["spec"]}),
                 float(e["expires_at"]),
+                base64.b64decode(e.get("proof", ""), validate=True),
             )
             for e in raw["experts"]
         )
-        return Assignment(experts, tuple(str(p) for p in raw["bootstrap"]), float(raw["ttl_s"]))
-    except (KeyError, TypeError, ValueError) as e:
+        return Assignment(
+            experts,
+            tuple(str(p) for p in raw["bootstrap"]),
+            float(raw["ttl_s"]),
+            base64.b64decode(raw.get("coordinator_key", ""), validate=True),
+        )
+    except (KeyError, TypeError, ValueError, binascii.Error) as e:
         raise CoordinatorError(200, "bad_reply", f"unexpected assignment reply: {e}") from e
 
 
 class CoordinatorApi:
+    """One aiohttp session (connection pool) to ``url``; every call times out after ``timeout`` s."""
+
     def __init__(self, url: str, *, timeout: float = 15.0) -> None:
         self.url = url.rstrip("/")
         self.timeout = timeout
@@ -72,6 +84,16 @@ class CoordinatorApi:
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+    @property
+    def signaling_url(self) -> str:
+        from engine.p2p.signaling import signaling_url_of
+
+        return signaling_url_of(self.url)
+
+    async def get(self, path: str, token: str | None = None) -> Any:
+        """A GET of the JSON API (``path`` with its query), e.g. ``/api/leaderboard?kind=hosts``."""
+        return await self._post(path, None, token, method="GET")
 
     async def _post(
         self, path: str, body: dict[str, Any] | None, token: str | None = None, method: str = "POST"
@@ -107,10 +129,13 @@ class CoordinatorApi:
         rank = credit.get("rank")
         return float(credit.get("total", 0.0)), int(rank) if isinstance(rank, int) else None
 
-    async def register(self, name: str, team: str | None = None) -> Credentials:
+    async def register(self, name: str, team: str | None = None, invite: str | None = None) -> Credentials:
+        """A new account (``invite``: the invitation code, where the coordinator runs an allowlist)."""
         body: dict[str, Any] = {"name": name}
         if team:
             body["team"] = team
+        if invite:
+            body["invite"] = invite
         data = await self._post("/api/accounts", body)
         return Credentials(int(data["account"]["id"]), str(data["token"]), float(data["expires_at"]))
 
@@ -139,3 +164,12 @@ class CoordinatorApi:
             "upload_bytes_per_s": upload_bytes_per_s,
         }
         return parse_assignment(await self._post("/api/assignment", body, token))
+
+    async def post_receipts(self, token: str, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """A batch of signed receipts (a trainer account's token): the ledger's answer."""
+        answer: dict[str, Any] = await self._post("/api/receipts", {"receipts": batch}, token)
+        return answer
+
+    async def post_spot_check(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
+        answer: dict[str, Any] = await self._post("/api/spot-checks", report, token)
+        return answer

@@ -92,11 +92,6 @@ class Hosting:
     def stats(self) -> dict[str, dict[str, int]]:
         return self.server.stats() if self.server is not None else {}
 
-    def cached_bytes(self) -> int:
-        if self.server is None or not self.server.experts:
-            return 0
-        return next(iter(self.server.experts.values())).cache.nbytes
-
     async def checkpoint(self) -> list[Path]:
         return await self.server.checkpoint() if self.server is not None else []
 

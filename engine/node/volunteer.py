@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from engine.dht import Declarer, DHTError, DHTNode
+from engine.dht import AssignmentProof, Declarer, DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import default_device
 from engine.moe.batching import DutyCycle
@@ -172,7 +172,13 @@ class Volunteer:
         self.dht = DHTNode(PeerTransport(self._peer), signer=self.identity, rpc_timeout=10.0)
         await self._bootstrap()
         self.dht.start()
-        self.declarer = Declarer(self.dht, self.hosted_uids, ttl=self.declare_ttl, period=self.declare_period)
+        self.declarer = Declarer(
+            self.dht,
+            self.hosted_uids,
+            ttl=self.declare_ttl,
+            period=self.declare_period,
+            proofs=_proofs(assignment),
+        )
         if self._working:
             self.gate.reopen()
             self.declarer.start()
@@ -358,6 +364,8 @@ class Volunteer:
         except CoordinatorError as e:
             self.note_error(f"assignment: {e}")
             return
+        if self.declarer is not None:  # renewed proofs go out with the next declaration
+            self.declarer.proofs = _proofs(assignment)
         if await self.hosting.apply(assignment.specs):
             if not self._working:
                 self.gate.close(self.gate.reason or "paused")
@@ -370,6 +378,11 @@ class Volunteer:
 
 ACCOUNTING_INTERVAL_S = 60.0
 ENERGY_REPORT_MIN_KWH = 1e-4  # 0.1 Wh: report only once there is something to say
+
+
+def _proofs(assignment: Assignment) -> dict[str, AssignmentProof]:
+    """The coordinator's assignment proofs, for the DHT declarations (trainers prefer assigned hosts)."""
+    return {e.uid: AssignmentProof(e.expires_at, e.proof) for e in assignment.experts if e.proof}
 
 
 def _device_for(settings: Settings) -> torch.device:

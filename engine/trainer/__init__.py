@@ -5,19 +5,18 @@
     model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
-    coordinator_http.py  the coordinator's HTTP API as the trainer uses it
     trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side)
+
+The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
+(its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``).
 """
 
-from .coordinator_http import CoordinatorError, CoordinatorHttp, TrainerAccount
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split
 from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
 from .spot_check import SpotChecker
 from .trainer import Trainer, TrainerConfig, TrainerNode, TrainStats, local_model, remote_model
 
 __all__ = [
-    "CoordinatorError",
-    "CoordinatorHttp",
     "Digits",
     "DigitsDMoE",
     "LocalMixtureOfExperts",
@@ -25,7 +24,6 @@ __all__ = [
     "SpotChecker",
     "TrainStats",
     "Trainer",
-    "TrainerAccount",
     "TrainerConfig",
     "TrainerNode",
     "Work",

@@ -14,6 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import nn
@@ -25,9 +26,10 @@ from engine.moe import ExpertCallFailed, LoopThread, NotEnoughExperts, RemoteExp
 from engine.moe.dht_finder import DHTExpertFinder
 from engine.moe.mixture import CallRecord, ExpertFinder
 from engine.moe.registry import ExpertSpec
+from engine.node.coordinator_api import CoordinatorApi
+from engine.node.tokens import Credentials
 from engine.p2p import Identity, LinkConfig, Peer
 
-from .coordinator_http import CoordinatorHttp, TrainerAccount
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts
 from .receipts import ReceiptBook, Work, sign_spot_check
 from .spot_check import SpotChecker
@@ -36,6 +38,7 @@ __all__ = ["TrainStats", "Trainer", "TrainerConfig", "TrainerNode", "local_model
 
 #: Failures that say the host is unreachable or going away: the finder prefers its replicas for a while.
 HOST_FAILURES = frozenset({"connection", "timeout", "unavailable", "unknown_expert"})
+TOKEN_REFRESH_S = 3600.0  # refresh the account token when less than this is left of it
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class TrainerConfig:
     lr: float = 3e-3
     seed: int = 0
     spot_check_fraction: float = 0.02
+    wire: str = "float16"  # expert calls: "float16" or "int8" (engine.moe.client.WIRE_FORMATS)
 
     @property
     def step_timeout_s(self) -> float:
@@ -90,6 +94,7 @@ def remote_model(
         grace_s=config.grace_s,
         timeout=config.timeout,
         observer=observer,
+        wire=config.wire,
     )
     return DigitsDMoE(moe, config.dim)
 
@@ -184,35 +189,50 @@ class TrainerNode:
         self.name, self.loop = name, loop
         self.identity = identity or Identity.generate()
         self.config = config or TrainerConfig()
-        self.http = CoordinatorHttp(coordinator_url)
+        self.api = CoordinatorApi(coordinator_url)
         self.link_config = link_config or LinkConfig(connect_timeout=15)
-        self.account: TrainerAccount | None = None
+        self.credentials: Credentials | None = None
         self.peer: Peer | None = None
         self.dht: DHTNode | None = None
         self.finder: DHTExpertFinder | None = None
-        self.receipts = ReceiptBook(self.identity, self.http.post_receipts, interval_s=receipt_interval_s)
+        self.receipts = ReceiptBook(self.identity, self._post_receipts, interval_s=receipt_interval_s)
         self.spot: SpotChecker | None = None
         self.stats = TrainStats()
 
     async def start(self) -> None:
         """Register and bind (the account still needs the ``trainer`` role for credit), join, find peers."""
-        self.account = await self.http.register(self.name, self.identity)
+        self.credentials = await self.api.register(self.name)
+        await self.api.bind_host(self.credentials, self.identity)
         self.peer = Peer(
-            self.identity, self.http.signaling_url, config=self.link_config, token=self.account.token
+            self.identity, self.api.signaling_url, config=self.link_config, token_provider=self.token
         )
         await self.peer.start()
         self.dht = DHTNode(PeerTransport(self.peer), signer=self.identity, rpc_timeout=10.0)
-        seeds = await self.http.bootstrap_peers(self.account, self.identity.peer_id)
+        # An assignment with no capacity: no experts, but peers to join through and the key that
+        # signs the assignment proofs in hosts' declarations (assigned hosts are preferred).
+        joined = await self.api.assignment(await self.token(), self.identity.peer_id, "cpu", 0)
+        seeds = list(joined.bootstrap)
         if seeds:
             try:
                 await self.dht.bootstrap(seeds)
             except DHTError as e:
                 raise RuntimeError(f"the trainer could not join the DHT: {e}") from e
-        self.finder = DHTExpertFinder(self.dht)
+        self.finder = DHTExpertFinder(self.dht, coordinator_key=joined.coordinator_key or None)
         self.spot = SpotChecker(
             self.finder.hosts_of, self._forward_on, self._report, fraction=self.config.spot_check_fraction
         )
         self.receipts.start()
+
+    async def token(self) -> str:
+        """The account's token, refreshed when less than ``TOKEN_REFRESH_S`` of it is left."""
+        assert self.credentials is not None, "start() first"
+        c = self.credentials
+        if c.expires_at - time.time() < TOKEN_REFRESH_S:
+            self.credentials = await self.api.refresh(c)
+        return self.credentials.token
+
+    async def _post_receipts(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        return await self.api.post_receipts(await self.token(), batch)
 
     def model(self) -> DigitsDMoE:
         assert self.peer is not None and self.finder is not None, "start() first"
@@ -235,11 +255,14 @@ class TrainerNode:
 
     async def _forward_on(self, host: str, uid: str, inputs: torch.Tensor) -> torch.Tensor:
         assert self.peer is not None
-        expert = RemoteExpert(self.peer, host, uid, loop=self.loop, timeout=self.config.timeout)
+        expert = RemoteExpert(
+            self.peer, host, uid, loop=self.loop, timeout=self.config.timeout, wire=self.config.wire
+        )
         return await expert.call_forward(f"spot{time.monotonic_ns():x}"[-16:], inputs)
 
     async def _report(self, host: str, uid: str, start: float, end: float, reason: str) -> None:
-        await self.http.post_spot_check(sign_spot_check(self.identity, host, uid, start, end, reason))
+        report = sign_spot_check(self.identity, host, uid, start, end, reason)
+        await self.api.post_spot_check(await self.token(), report)
 
     async def stop(self) -> None:
         await self.receipts.close()
@@ -251,4 +274,4 @@ class TrainerNode:
             await self.dht.stop()
         if self.peer is not None:
             await self.peer.stop()
-        await self.http.close()
+        await self.api.close()

@@ -1,10 +1,13 @@
-"""Signed statements: host bindings, work receipts and spot-check reports, their schema and bytes.
+"""Signed statements: host bindings, work receipts, spot-check reports and assignments, their schema
+and bytes.
 
 Nodes and trainers sign these with their identity key and the coordinator verifies them, so both must
 build the very same bytes: a domain prefix (so a signature over one kind can never pass as another) and
 the fields as one msgpack array, in this order. Change nothing here without a new domain version.
 A receipt says "host H served expert E for N samples, forward or backward, at time T"; a spot-check
-report says a host's outputs disagreed with another host's for the same inputs.
+report says a host's outputs disagreed with another host's for the same inputs. An assignment
+statement is the coordinator's (signed with its own key): "the host with this key is assigned this
+expert of this experiment until then"; a host puts it in its DHT declarations, readers check it.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import msgspec
 BIND_DOMAIN = b"lah-bind-host-v1\x00"
 RECEIPT_DOMAIN = b"lah-receipt-v1\x00"
 SPOT_CHECK_DOMAIN = b"lah-spot-check-v1\x00"
+ASSIGNMENT_DOMAIN = b"lah-assignment-v1\x00"
 
 _packer = msgspec.msgpack.Encoder()
 
@@ -73,6 +77,15 @@ def spot_check_signed_bytes(
         reason,
     )
     return SPOT_CHECK_DOMAIN + _packer.encode(fields)
+
+
+def assignment_signed_bytes(
+    host_public_key: bytes, expert_uid: str, experiment: str, expires_at: float
+) -> bytes:
+    """What the coordinator signs when it assigns ``expert_uid`` to the host with ``host_public_key``."""
+    return ASSIGNMENT_DOMAIN + _packer.encode(
+        (bytes(host_public_key), expert_uid, experiment, float(expires_at))
+    )
 
 
 # -- the schema (JSON on the coordinator's API; bytes fields travel base64) --------------------------

@@ -101,7 +101,8 @@ async def test_allowlist_mode(db: AsyncEngine, tmp_path: Path) -> None:
     with pytest.raises(NotAllowlisted):
         await s.accounts.register("ada")
     assert await s.accounts.update_allowlist(["ada", "bob", "ada"], by=None) == (2, 0)
-    await s.accounts.register("ada")
+    code, _ = await s.accounts.invite("ada", by=None)
+    await s.accounts.register("ada", invite=code)
     assert await s.accounts.update_allowlist(["ada"], ["bob"], by=None) == (0, 1)
     with pytest.raises(NotAllowlisted):
         await s.accounts.register("bob")

@@ -40,8 +40,8 @@ class Api:
         async with self.client.get(path, headers=headers) as r:
             return r.status, await r.json()
 
-    async def register(self, name: str, team: str | None = None) -> str:
-        status, body = await self.post("/api/accounts", {"name": name, "team": team})
+    async def register(self, name: str, team: str | None = None, invite: str | None = None) -> str:
+        status, body = await self.post("/api/accounts", {"name": name, "team": team, "invite": invite})
         assert status == 201, body
         return str(body["token"])
 
@@ -247,5 +247,6 @@ async def test_allowlist_mode_over_http(db: AsyncEngine, tmp_path: Path) -> None
         api = Api(client, services, h.FakeClock())
         assert (await api.post("/api/accounts", {"name": "eve"}))[:1] == (403,)
         assert (await api.post("/api/accounts", {"name": "eve"}))[1]["error"] == "not_allowlisted"
-        await api.register("ada")
+        code, _ = await services.accounts.invite("ada", by=None)
+        await api.register("ada", invite=code)
         assert (await api.counts())[0] == 1

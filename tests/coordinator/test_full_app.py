@@ -1,13 +1,15 @@
 """The whole coordinator on a real socket: register, bind a host, join signaling, get an assignment."""
 
 import base64
+import time
 from pathlib import Path
 
 import aiohttp
 import pytest
+from sqlalchemy import update
 
 from coordinator.accounts import bind_message
-from coordinator.app import start_full
+from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.models import Host
 from engine.p2p import Identity, Peer, SignalingError
@@ -70,8 +72,10 @@ async def test_volunteer_joins_and_is_assigned(tmp_path: Path) -> None:
                 assert me.peer_id in running.hub.online()
             finally:
                 await peer.stop()
-            # The node reports the energy it estimates it spent; it adds up, within sane bounds.
+            # The node reports the energy it estimates it spent; it adds up, within sane bounds (an
+            # hour since its previous report, here).
             for delta, status in ((0.25, 200), (0.5, 200), (-1.0, 400), (1e6, 400)):
+                await _last_energy_report_at(running, me.peer_id, time.time() - 3600)
                 r = await http.post(
                     "/api/hosts/energy", json={"peer_id": me.peer_id, "kwh_delta": delta}, headers=auth
                 )
@@ -93,3 +97,8 @@ async def test_volunteer_joins_and_is_assigned(tmp_path: Path) -> None:
                 assert r.status == 200, path
     finally:
         await running.stop()
+
+
+async def _last_energy_report_at(running: RunningCoordinator, peer_id: str, at: float) -> None:
+    async with running.services.sessions() as session, session.begin():
+        await session.execute(update(Host).where(Host.peer_id == peer_id).values(energy_reported_at=at))

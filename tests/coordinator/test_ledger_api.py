@@ -1,4 +1,5 @@
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -7,21 +8,34 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.api_ledger import LedgerDeps, setup_routes
-from coordinator.db.session import session_factory
+from coordinator.config import CoordinatorConfig
 from coordinator.receipts import MAX_BATCH, ReceiptBatch, sign_receipt, sign_spot_check
+from coordinator.services import SERVICES, Services, open_services
 from engine.p2p.identity import Identity
 
 from .test_ledger_support import make_host
 
 
-@pytest.fixture
-async def api(db: AsyncEngine) -> AsyncIterator[tuple[TestClient, Identity, Identity, int]]:  # type: ignore[type-arg]
-    sessions = session_factory(db)
-    trainer, _ = await make_host(sessions, "trainer", role="trainer")
-    host, account_id = await make_host(sessions, "alice", team="red")
+async def ledger_app(db: AsyncEngine, tmp_path: Path) -> tuple[web.Application, Services]:
+    """The ledger's routes on an app with services (the tokens that posting receipts needs)."""
+    services = await open_services(CoordinatorConfig(token_key_path=str(tmp_path / "token.key")), engine=db)
     app = web.Application()
+    app[SERVICES] = services
+    return app, services
+
+
+def auth(services: Services, account_id: int, role: str = "trainer") -> dict[str, str]:
+    return {"Authorization": f"Bearer {services.tokens.issue(account_id, role)}"}
+
+
+@pytest.fixture
+async def api(db: AsyncEngine, tmp_path: Path) -> AsyncIterator[tuple[TestClient, Identity, Identity, int]]:  # type: ignore[type-arg]
+    app, services = await ledger_app(db, tmp_path)
+    sessions = services.sessions
+    trainer, trainer_account = await make_host(sessions, "trainer", role="trainer")
+    host, account_id = await make_host(sessions, "alice", team="red")
     setup_routes(app, LedgerDeps(sessions, expert_costs={"mnist": 2.0}))
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app), headers=auth(services, trainer_account)) as client:
         yield client, trainer, host, account_id
 
 
@@ -123,7 +137,7 @@ async def test_routes_use_the_app_services(db: AsyncEngine, tmp_path) -> None:  
         experiments=[ExperimentConfig(name="mnist", expert_type="ffn", grid=[2], expert_cost=3.0)],
     )
     services = await open_services(config, engine=db)
-    trainer, _ = await make_host(services.sessions, "trainer", role="trainer")
+    trainer, trainer_account = await make_host(services.sessions, "trainer", role="trainer")
     host, _ = await make_host(services.sessions, "alice")
     app = web.Application()
     app[SERVICES] = services
@@ -133,22 +147,22 @@ async def test_routes_use_the_app_services(db: AsyncEngine, tmp_path) -> None:  
         sign_receipt(trainer, host.peer_id, "mnist.0", 2, False, now),
         sign_receipt(trainer, host.peer_id, "cifar.0", 2, False, now),
     ]
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app), headers=auth(services, trainer_account)) as client:
         data = await (await client.post("/api/receipts", data=body(receipts))).json()
     assert data["credit"] == 6.0 and data["rejected"][0]["reason"] == "unknown_expert"
     await services.close()
 
 
 @pytest.mark.parametrize("cache_s", [0.0, 60.0])
-async def test_leaderboard_page_cache(db: AsyncEngine, cache_s: float) -> None:
+async def test_leaderboard_page_cache(db: AsyncEngine, tmp_path: Path, cache_s: float) -> None:
     import time
 
-    sessions = session_factory(db)
-    trainer, _ = await make_host(sessions, "trainer", role="trainer")
+    app, services = await ledger_app(db, tmp_path)
+    sessions = services.sessions
+    trainer, trainer_account = await make_host(sessions, "trainer", role="trainer")
     host, _ = await make_host(sessions, "alice")
-    app = web.Application()
     setup_routes(app, LedgerDeps(sessions), page_cache_s=cache_s)
-    async with TestClient(TestServer(app)) as client:
+    async with TestClient(TestServer(app), headers=auth(services, trainer_account)) as client:
         totals = []
         for _ in range(2):
             r = sign_receipt(trainer, host.peer_id, "m.0", 5, False, time.time())

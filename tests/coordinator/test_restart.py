@@ -35,14 +35,15 @@ async def test_restart_keeps_receipts_and_clients_rejoin(tmp_path: Path) -> None
     running = await start_full(config)
     services = running.services
     _, token, host = await volunteer_with_host(services, "Ada")
-    trainer, _ = await make_host(services.sessions, "Trainer Tom", role="trainer")
+    trainer, trainer_account = await make_host(services.sessions, "Trainer Tom", role="trainer")
+    auth = {"Authorization": f"Bearer {services.tokens.issue(trainer_account, 'trainer')}"}
     client = SignalingClient(running.signaling_url, host, lambda _: None, token=token, max_backoff=1.0)
     await client.connect()
     now = time.time()
     receipts = [sign_receipt(trainer, host.peer_id, "ffn.0.1", 32, False, now - i) for i in range(10)]
     body = {"receipts": msgspec.to_builtins(receipts)}
     async with aiohttp.ClientSession(running.url) as http:
-        r = await http.post("/api/receipts", json=body)
+        r = await http.post("/api/receipts", json=body, headers=auth)
         assert r.status == 200, await r.text()
         assert (await r.json())["accepted"] == 10
     joins = client.joins
@@ -55,7 +56,9 @@ async def test_restart_keeps_receipts_and_clients_rejoin(tmp_path: Path) -> None
                 await asyncio.sleep(0.1)
         assert host.peer_id in running.hub.online()
         async with aiohttp.ClientSession(running.url) as http:
-            r = await http.post("/api/receipts", json=body)  # the same receipts again: all duplicates
+            r = await http.post(
+                "/api/receipts", json=body, headers=auth
+            )  # the same receipts again: all duplicates
             assert (await r.json())["duplicates"] == 10
             r = await http.get("/api/leaderboard", params={"kind": "hosts"})
             entries = (await r.json())["entries"]

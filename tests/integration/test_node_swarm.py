@@ -80,6 +80,11 @@ async def test_two_volunteers_host_declare_and_serve(
                     if all(i is not None for i in infos):
                         break
                     await asyncio.sleep(0.5)
+            # Their declarations carry the coordinator's assignment proofs, which hold for its key.
+            key = full_coordinator.services.tokens.public_key_bytes
+            checked = await get_experts(dht, ["ffn.0.0", "ffn.1.1"], coordinator_key=key)
+            for info in checked:
+                assert info is not None and info.assigned and set(info.assigned) == set(info.hosts)
             for info in infos:
                 assert info is not None
                 host = info.hosts[0]

@@ -158,3 +158,46 @@ def test_loop_thread_times_out_and_refuses_its_own_thread(loop_thread: LoopThrea
     with pytest.raises(RuntimeError, match="own loop"):
         loop_thread.run(nested(), timeout=5)
     assert loop_thread.run(asyncio.sleep(0, result=7), timeout=5) == 7
+
+
+def test_int8_wire_halves_the_bytes_and_stays_within_its_bound(loop_thread: LoopThread) -> None:
+    """``wire="int8"``: requests and replies both travel 8-bit; the result is the float16 call's within
+    the quantizer's bound, in about half the bytes."""
+    spec = ExpertSpec("ffn", 256, hidden=512)
+    server = ExpertServer.create({"ffn.0.1": spec}, device="cpu", backend_options={"seed": 0, "lr": 0.0})
+    handlers = Handlers()
+    server.register(handlers)
+    x = torch.randn(32, 256)
+    w = torch.randn(32, 256)
+    results = {}
+    for wire in ("float16", "int8"):
+        peer = FakePeer(handlers)
+        expert = RemoteExpert(peer, "host", "ffn.0.1", loop=loop_thread, timeout=10, wire=wire)  # type: ignore[arg-type]
+        xi = x.clone().requires_grad_(True)
+        out = expert(xi)
+        (out * w).sum().backward()
+        assert xi.grad is not None
+        results[wire] = (out.detach(), xi.grad, peer.sent_bytes)
+    out16, grad16, sent16 = results["float16"]
+    out8, grad8, sent8 = results["int8"]
+    # Half a quantization step of the block's absmax, for the inputs and again for the outputs.
+    assert float((out8 - out16).abs().max()) < 2 * float(out16.abs().max()) / 127
+    assert float((grad8 - grad16).norm() / grad16.norm()) < 0.02
+    assert sent8 < 0.55 * sent16  # the requests; replies shrink alike (FakePeer counts requests)
+    loop_thread.run(server.close(), 10)
+
+
+async def test_unknown_wire_format_is_refused_before_any_compute() -> None:
+    server = make_server()
+    handlers = Handlers()
+    server.register(handlers)
+    peer = FakePeer(handlers)
+    with pytest.raises(RemoteError) as err:
+        await peer.call(
+            "host", "moe.forward", {"uid": "ffn.0.1", "aid": "a", "wire": "int4"}, [torch.randn(2, 8)]
+        )
+    assert err.value.code == "bad_input" and "int4" in str(err.value)
+    assert server.stats()["ffn.0.1"]["forward_requests"] == 0
+    with pytest.raises(ValueError, match="unknown wire format"):
+        RemoteExpert(peer, "host", "ffn.0.1", loop=None, wire="int4")  # type: ignore[arg-type]
+    await server.close()

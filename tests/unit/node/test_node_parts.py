@@ -109,6 +109,12 @@ def test_assignment_parsing() -> None:
     bad_spec = {**expert, "spec": {"arch": "nope", "dim": 1}}
     with pytest.raises(CoordinatorError):
         parse_assignment({"experts": [bad_spec], "bootstrap": [], "ttl_s": 1})
+    # The coordinator's assignment proofs and key travel base64; anything else is a bad reply.
+    proven = parse_assignment({**raw, "experts": [{**expert, "proof": "AAEC"}], "coordinator_key": "AwQ="})
+    assert proven.experts[0].proof == b"\x00\x01\x02" and proven.coordinator_key == b"\x03\x04"
+    assert got.experts[0].proof == b"" and got.coordinator_key == b""
+    with pytest.raises(CoordinatorError, match="bad_reply"):
+        parse_assignment({**raw, "experts": [{**expert, "proof": "not base64!"}]})
 
 
 async def test_work_gate_refuses_at_once_and_drains() -> None:

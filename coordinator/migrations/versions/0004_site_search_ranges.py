@@ -1,7 +1,7 @@
 """site search and ranges
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004
+Revises: 0003
 
 The site's prefix search reads indexes on lower(name) (text_pattern_ops on PostgreSQL, so LIKE 'x%'
 uses them under any collation); its range leaderboards read ``credit_ranges`` (the generation
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0003"
-down_revision: str | None = "0002"
+revision: str = "0004"
+down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -187,11 +187,15 @@ class CreditRange(Base):
 
 
 class CreditRangeRun(Base):
-    """Which generation of ``credit_ranges`` pages read, per window: the last complete refresh."""
+    """Which generation of ``credit_ranges`` pages read, per window: the last complete refresh, and
+    how many rows of each kind it wrote (the pages' counts)."""
 
     __tablename__ = "credit_range_runs"
     days: Mapped[int] = mapped_column(Integer, primary_key=True)
     computed_at: Mapped[float] = mapped_column(Float, nullable=False)
+    accounts: Mapped[int] = mapped_column(Integer, nullable=False)
+    teams: Mapped[int] = mapped_column(Integer, nullable=False)
+    hosts: Mapped[int] = mapped_column(Integer, nullable=False)
 
 
 class SpotCheckFlag(Base):

@@ -34,7 +34,6 @@ RANGE_DAYS: dict[str, int] = {"day": 1, "week": 7, "month": 30}
 RANGE_LABELS: dict[str, str] = {"all": "All time", "month": "30 days", "week": "7 days", "day": "Today"}
 SUBJECT = {"users": "account", "teams": "team", "hosts": "host"}
 CHUNK = 5000  # rows per write transaction
-_COUNTS: dict[tuple[str, int, float | None], int] = {}
 
 
 async def refresh(sessions: async_sessionmaker[AsyncSession], now: float) -> int:
@@ -57,6 +56,7 @@ async def _refresh_window(sessions: async_sessionmaker[AsyncSession], days: int,
         .having(func.sum(CreditDay.credit) > 0)
     )
     written = 0
+    counts: dict[str, int] = {}
     async with sessions() as reader:
         result = await reader.stream(summed)
         async for part in result.partitions(CHUNK):
@@ -67,10 +67,20 @@ async def _refresh_window(sessions: async_sessionmaker[AsyncSession], days: int,
             async with sessions() as writer, writer.begin():
                 await writer.execute(insert(CreditRange), rows)
             written += len(rows)
+            for k, _, _ in part:
+                counts[k] = counts.get(k, 0) + 1
             await asyncio.sleep(0)  # let pages run between chunks
     async with sessions() as session, session.begin():  # publish: one row
         await session.execute(delete(CreditRangeRun).where(CreditRangeRun.days == days))
-        session.add(CreditRangeRun(days=days, computed_at=now))
+        session.add(
+            CreditRangeRun(
+                days=days,
+                computed_at=now,
+                accounts=counts.get("account", 0),
+                teams=counts.get("team", 0),
+                hosts=counts.get("host", 0),
+            )
+        )
     await _drop_old(sessions, days, now)
     return written
 
@@ -96,8 +106,8 @@ async def _drop_old(sessions: async_sessionmaker[AsyncSession], days: int, keep:
 
 async def published(session: AsyncSession, days: int) -> float | None:
     """The generation pages read for a window (None: never refreshed)."""
-    q = select(CreditRangeRun.computed_at).where(CreditRangeRun.days == days)
-    return (await session.execute(q)).scalar()
+    run = await session.get(CreditRangeRun, days)
+    return None if run is None else run.computed_at
 
 
 @dataclass(frozen=True)
@@ -127,7 +137,8 @@ async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_
     """One page of subjects by credit in the range, best first (ties: higher id first, as 'total')."""
     days = RANGE_DAYS[rng]
     offset = (page - 1) * per_page
-    computed = await published(session, days)
+    run = await session.get(CreditRangeRun, days)
+    computed = None if run is None else run.computed_at
     q = (
         select(CreditRange.subject_id, CreditRange.credit)
         .where(_where(kind, days, computed))
@@ -136,22 +147,8 @@ async def range_page(session: AsyncSession, kind: str, rng: str, page: int, per_
         .limit(per_page + 1)
     )
     rows = (await session.execute(q)).all()
-    # Every page of one refresh has the same count: counted once per refresh (an index scan of all
-    # the range's rows, the slowest part of a page otherwise).
-    cache_key = (kind, days, computed)
-    count = _COUNTS.get(cache_key)
-    if count is None:
-        count = int(
-            (
-                await session.execute(
-                    select(func.count()).select_from(CreditRange).where(_where(kind, days, computed))
-                )
-            ).scalar_one()
-        )
-        if computed is not None:
-            if len(_COUNTS) > 64:
-                _COUNTS.clear()
-            _COUNTS[cache_key] = count
+    # Counted as the refresh wrote them: no page scans the range to count it.
+    count = 0 if run is None else int(getattr(run, SUBJECT[kind] + "s"))
     out = [RangeRow(offset + i + 1, sid, float(c)) for i, (sid, c) in enumerate(rows[:per_page])]
     return RangePage(out, count, len(rows) > per_page, computed)
 

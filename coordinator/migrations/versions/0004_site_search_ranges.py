@@ -45,6 +45,9 @@ def upgrade() -> None:
         "credit_range_runs",
         sa.Column("days", sa.Integer(), nullable=False),
         sa.Column("computed_at", sa.Float(), nullable=False),
+        sa.Column("accounts", sa.Integer(), nullable=False),
+        sa.Column("teams", sa.Integer(), nullable=False),
+        sa.Column("hosts", sa.Integer(), nullable=False),
         sa.PrimaryKeyConstraint("days"),
     )
 

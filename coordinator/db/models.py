@@ -183,7 +183,10 @@ class CreditRange(Base):
     computed_at: Mapped[float] = mapped_column(Float, primary_key=True)
     subject_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
     credit: Mapped[float] = mapped_column(Float, nullable=False)
-    __table_args__ = (Index("ix_credit_ranges_rank", "subject_kind", "days", "computed_at", "credit"),)
+    # The whole page order (credit, then id, both descending): a page is the index read backwards.
+    __table_args__ = (
+        Index("ix_credit_ranges_rank", "subject_kind", "days", "computed_at", "credit", "subject_id"),
+    )
 
 
 class CreditRangeRun(Base):

@@ -21,7 +21,7 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import String, and_, cast, delete, func, insert, select, tuple_
+from sqlalchemy import String, and_, cast, delete, func, insert, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..db.models import Account, CreditDay, CreditRange, CreditRangeRun, Host, Team
@@ -70,6 +70,12 @@ async def _refresh_window(sessions: async_sessionmaker[AsyncSession], days: int,
             for k, _, _ in part:
                 counts[k] = counts.get(k, 0) + 1
             await asyncio.sleep(0)  # let pages run between chunks
+    async with sessions() as session:
+        if session.get_bind().dialect.name == "postgresql":
+            # Statistics that know the new generation, before anyone reads it: without them the
+            # planner guesses one row and sorts the whole range instead of reading a page of the index.
+            await session.execute(text("ANALYZE credit_ranges"))
+            await session.commit()
     async with sessions() as session, session.begin():  # publish: one row
         await session.execute(delete(CreditRangeRun).where(CreditRangeRun.days == days))
         session.add(

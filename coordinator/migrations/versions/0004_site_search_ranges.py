@@ -39,7 +39,9 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("subject_kind", "days", "computed_at", "subject_id"),
     )
     op.create_index(
-        "ix_credit_ranges_rank", "credit_ranges", ["subject_kind", "days", "computed_at", "credit"]
+        "ix_credit_ranges_rank",
+        "credit_ranges",
+        ["subject_kind", "days", "computed_at", "credit", "subject_id"],
     )
     op.create_table(
         "credit_range_runs",

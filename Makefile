@@ -22,6 +22,8 @@ run: $(STAMP)
 test: $(STAMP)
 	bash scripts/services
 	$(BIN)/pip install --quiet -e '.[dev,nat]'
+	# axe-core (pinned in tests/ui_pages/package.json) for the site's accessibility test.
+	cd tests/ui_pages && npm ci --no-audit --no-fund --silent
 	$(BIN)/python -m pytest -q
 
 check: $(STAMP)

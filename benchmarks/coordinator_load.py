@@ -7,12 +7,17 @@
 (b) leaderboard: ``--accounts`` accounts (one host each, 1% as many teams) and ``--receipts`` receipts,
     bulk-loaded (sqlite3 executemany; PostgreSQL COPY), then ``leaderboard()`` for users, teams and hosts,
     by total and recent, on random pages 1-20. p99 per database.
+(d) site: name search (``coordinator.site.search``), range leaderboards (``credit_ranges``, summed from
+    rollups built for those receipts), find-my-rank, and the daily dump of every user, team and host
+    while leaderboard pages are timed: ``search_p99_ms``, ``range_p99_ms``, ``dump_s``,
+    ``page_p99_during_dump_ms`` per database. ``--site`` runs only this part.
 (c) ingestion: signed receipts for 1,000 active hosts of that database through ``ledger.ingest`` in
     batches of 1000 (verify, dedupe, credit), two posters at once, signatures checked in a pool of
     ``--workers`` spawned processes; the baseline is one receipt per call (one transaction each).
 
     .venv/bin/python benchmarks/coordinator_load.py --quick    # within 60 s
     .venv/bin/python benchmarks/coordinator_load.py            # 2,000 peers, 100k accounts, 1M receipts
+    .venv/bin/python benchmarks/coordinator_load.py --site --databases sqlite   # the site's figures only
 
 The last line printed is one JSON object.
 """
@@ -46,6 +51,11 @@ from coordinator.db.session import create_all, make_engine, session_factory
 from coordinator.leaderboard import leaderboard
 from coordinator.ledger import DAY_S, ingest
 from coordinator.receipts import Verifier, sign_receipt
+from coordinator.site import exports as site_exports
+from coordinator.site import queries as site_queries
+from coordinator.site import ranges as site_ranges
+from coordinator.site import rank as site_rank
+from coordinator.site import search as site_search
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import SignedDescription
 from engine.p2p.identity import Identity
@@ -56,6 +66,16 @@ SCRIPT = os.path.abspath(__file__)
 TRAINERS = 8
 STREAMS = 2  # concurrent batch posters in the ingestion benchmark
 ACTIVE_HOSTS = 1000  # hosts receipts go to: those serving the experts the trainers use
+SITE_FIGURES = (
+    "search_p99_ms",
+    "range_p99_ms",
+    "naive_range_p99_ms",
+    "rank_p99_ms",
+    "ranges_refresh_s",
+    "dump_s",
+    "page_p99_ms",
+    "page_p99_during_dump_ms",
+)
 
 
 def log(*args: Any) -> None:
@@ -236,7 +256,28 @@ def rows_for(accounts: int, receipts: int, trainers: list[Identity]) -> dict[str
                 False,
             )
         )
-    return {"teams": team_rows, "accounts": account_rows, "hosts": host_rows, "receipts": receipt_rows}
+    return {
+        "teams": team_rows,
+        "accounts": account_rows,
+        "hosts": host_rows,
+        "receipts": receipt_rows,
+        "credit_days": rollups_for(account_rows, host_rows, receipt_rows),
+    }
+
+
+def rollups_for(
+    account_rows: list[tuple[Any, ...]], host_rows: list[tuple[Any, ...]], receipt_rows: list[tuple[Any, ...]]
+) -> list[tuple[Any, ...]]:
+    """The daily rollups ingestion would have written for these receipts (host, account, team days)."""
+    owner = {h[0]: h[2] for h in host_rows}
+    team = {a[0]: a[2] for a in account_rows}
+    days: dict[tuple[str, str, int], float] = {}
+    for r in receipt_rows:
+        day = int(r[6] // DAY_S)
+        account = owner[r[2]]
+        for key in (("host", r[2], day), ("account", str(account), day), ("team", str(team[account]), day)):
+            days[key] = days.get(key, 0.0) + r[7]
+    return [(k, s, d, c) for (k, s, d), c in days.items()]
 
 
 COLUMNS = {
@@ -262,6 +303,7 @@ COLUMNS = {
         "credit_recent",
         "credit_recent_at",
     ],
+    "credit_days": ["subject_kind", "subject_id", "day", "credit"],
     "receipts": [
         "receipt_id",
         "trainer_peer_id",
@@ -379,8 +421,124 @@ async def bench_ingest(
     }
 
 
+async def bench_site(
+    sessions: Any, accounts: int, calls: int, dump_dir: Path, url: str, search_path: str | None
+) -> dict[str, Any]:
+    """The site's finders: name search, range leaderboards (from ``credit_ranges``), find-my-rank, and
+    the daily dump (in a child process, as the coordinator's job writes it), with leaderboard pages
+    timed before it (the baseline) and while it is written."""
+    rng = random.Random(11)
+    t0 = time.perf_counter()
+    await site_ranges.refresh(sessions, NOW)
+    refresh_s = time.perf_counter() - t0
+    log(f"  ranges refreshed in {refresh_s:.2f} s")
+
+    def query() -> tuple[str, str]:
+        scope = rng.choice(("users", "users", "teams", "hosts"))
+        if scope == "users":
+            return scope, "User" + str(rng.randrange(accounts))[: rng.randrange(1, 4)]
+        if scope == "teams":
+            return scope, "team" + str(rng.randrange(max(1, accounts // 100)))[:2]
+        return scope, rng.randbytes(2).hex()[: rng.randrange(1, 5)]
+
+    async def search_once() -> None:
+        scope, q = query()
+        async with sessions() as session:
+            await site_search.search(session, q, scope, page=rng.choice((1, 1, 2, 5)), per_page=25)  # type: ignore[arg-type]
+
+    async def range_once() -> None:
+        kind = rng.choice(("users", "users", "hosts", "teams"))
+        rng_name = rng.choice(("day", "week", "month"))
+        page = rng.choice((1, 1, 1, 2, 3, rng.randrange(1, 21)))
+        await site_queries.range_leaderboard_page(sessions, kind, rng_name, page, 25)  # type: ignore[arg-type]
+
+    async def rank_once() -> None:
+        name = f"user{rng.randrange(accounts)}"
+        order = rng.choice(("total", "week", "month"))
+        async with sessions() as session:
+            found = await site_rank.resolve(session, "users", name)
+            assert found is not None
+            await site_rank.position(session, "users", order, found[0], NOW)
+
+    async def lat(work: Callable[[], Awaitable[None]], n: int) -> list[float]:
+        for _ in range(5):
+            await work()  # warm-up
+        out = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await work()
+            out.append((time.perf_counter() - t) * 1000)
+        return out
+
+    async def naive_range_once() -> None:
+        """The baseline: one page summed from the rollups per view (what ``credit_ranges`` avoids)."""
+        today = int(NOW // DAY_S)
+        days = rng.choice((1, 7, 30))
+        q = text(
+            "SELECT subject_id, SUM(credit) AS c FROM credit_days WHERE subject_kind = 'account'"
+            " AND day > :lo AND day <= :hi GROUP BY subject_id ORDER BY c DESC LIMIT 26"
+        )
+        async with sessions() as session:
+            await session.execute(q, {"lo": today - days, "hi": today})
+
+    search_ms = await lat(search_once, calls)
+    range_ms = await lat(range_once, calls)
+    naive_ms = await lat(naive_range_once, 10)
+    rank_ms = await lat(rank_once, max(20, calls // 4))
+
+    # The dump, with leaderboard pages requested all along (the page p99 it causes), against the same
+    # pages without it.
+    async def page_once() -> None:
+        await site_queries.leaderboard_page(sessions, "users", "total", rng.randrange(1, 21), 25, NOW)
+
+    baseline = await lat(page_once, max(50, calls // 2))
+    during: list[float] = []
+    done = asyncio.Event()
+
+    async def pages() -> None:
+        while not done.is_set():
+            t = time.perf_counter()
+            await page_once()
+            during.append((time.perf_counter() - t) * 1000)
+            await asyncio.sleep(0.01)
+
+    reader = asyncio.create_task(pages())
+    t0 = time.perf_counter()
+    await site_exports.write_in_child(url, dump_dir, NOW, search_path=search_path)
+    dump_s = time.perf_counter() - t0
+    done.set()
+    await reader
+    size = sum(d.size for d in site_exports.listing(dump_dir))
+    out = {
+        "search_p99_ms": round(p99(search_ms), 2),
+        "search_median_ms": round(statistics.median(search_ms), 2),
+        "search_spread_ms": [round(min(search_ms), 2), round(max(search_ms), 2)],
+        "range_p99_ms": round(p99(range_ms), 2),
+        "range_median_ms": round(statistics.median(range_ms), 2),
+        "range_spread_ms": [round(min(range_ms), 2), round(max(range_ms), 2)],
+        "naive_range_median_ms": round(statistics.median(naive_ms), 2),
+        "naive_range_p99_ms": round(p99(naive_ms), 2),
+        "rank_p99_ms": round(p99(rank_ms), 2),
+        "ranges_refresh_s": round(refresh_s, 2),
+        "dump_s": round(dump_s, 2),
+        "dump_bytes": size,
+        "page_p99_ms": round(p99(baseline), 2),
+        "page_p99_during_dump_ms": round(p99(during), 2),
+        "pages_during_dump": len(during),
+    }
+    log(f"  site: {out}")
+    return out
+
+
 async def bench_database(
-    which: str, accounts: int, receipts: int, calls: int, batched: int, single: int, workers: int
+    which: str,
+    accounts: int,
+    receipts: int,
+    calls: int,
+    batched: int,
+    single: int,
+    workers: int,
+    site_only: bool = False,
 ) -> dict[str, Any]:
     trainers = [Identity.generate() for _ in range(TRAINERS)]
     t0 = time.perf_counter()
@@ -412,6 +570,21 @@ async def bench_database(
     log(f"{which}: {accounts} accounts, {receipts} receipts loaded in {load_s:.1f} s")
     try:
         sessions = session_factory(engine)
+        url = (
+            f"sqlite+aiosqlite:///{Path(tmp.name) / 'coordinator.sqlite3'}"
+            if which == "sqlite"
+            else POSTGRES_URL
+        )
+        site = await bench_site(
+            sessions,
+            accounts,
+            calls,
+            Path(tmp.name) / "exports",
+            url,
+            schema if which == "postgres" else None,
+        )
+        if site_only:
+            return {"load_s": round(load_s, 1), **site}
         lb = await bench_leaderboard(sessions, calls)
         log(f"{which}: leaderboard p99 {lb} ms")
         ing = await bench_ingest(sessions, trainers, host_ids, batched, single, workers)
@@ -424,7 +597,7 @@ async def bench_database(
                 await conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
             await admin.dispose()
         tmp.cleanup()
-    return {"load_s": round(load_s, 1), "leaderboard_p99_ms": lb, **ing}
+    return {"load_s": round(load_s, 1), "leaderboard_p99_ms": lb, **ing, **site}
 
 
 async def timed(what: str, coro: Awaitable[dict[str, Any]]) -> dict[str, Any]:
@@ -443,18 +616,25 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     calls = 100 if quick else 400
     batched, single = (5000, 300) if quick else (20_000, 1000)
     result: dict[str, Any] = {"quick": quick, "accounts": accounts, "receipts": receipts}
-    sig = await timed("signaling", bench_signaling(peers, args.rate, 3.0 if quick else 10.0))
-    result.update(sig)
+    if not args.site:
+        sig = await timed("signaling", bench_signaling(peers, args.rate, 3.0 if quick else 10.0))
+        result.update(sig)
     runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
-        "sqlite": lambda: bench_database("sqlite", accounts, receipts, calls, batched, single, args.workers),
+        "sqlite": lambda: bench_database(
+            "sqlite", accounts, receipts, calls, batched, single, args.workers, args.site
+        ),
         "postgres": lambda: bench_database(
-            "postgres", accounts, receipts, calls, batched, single, args.workers
+            "postgres", accounts, receipts, calls, batched, single, args.workers, args.site
         ),
     }
-    for which, run in runs.items():
-        out = await timed(which, run())
-        result[f"leaderboard_p99_ms_{which}"] = out["leaderboard_p99_ms"]
+    for which in args.databases.split(","):
+        out = await timed(which, runs[which]())
+        for key in SITE_FIGURES:
+            result[f"{key}_{which}"] = out[key]
         result[f"load_s_{which}"] = out["load_s"]
+        if args.site:
+            continue
+        result[f"leaderboard_p99_ms_{which}"] = out["leaderboard_p99_ms"]
         suffix = "" if which == "sqlite" else "_postgres"
         result[f"receipts_per_s{suffix}"] = out["receipts_per_s"]
         result[f"single_receipts_per_s{suffix}"] = out["single_receipts_per_s"]
@@ -478,6 +658,12 @@ if __name__ == "__main__":
         default=os.cpu_count() or 1,
         help="signature-checking processes (0: in-process)",
     )
+    parser.add_argument(
+        "--site",
+        action="store_true",
+        help="only the site's figures (search, ranges, dump): no signaling, ingestion",
+    )
+    parser.add_argument("--databases", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
     parser.add_argument("--serve-signaling", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve_signaling:

@@ -96,6 +96,10 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
     api_swarm.setup_routes(app)
     site.setup_routes(app)
+    # Range sums every few minutes; daily dumps, written by a child process.
+    site.start_jobs(
+        app, site.services_sessions, site.services_exports_dir, get_database_url=site.services_database_url
+    )
     return app
 
 
@@ -141,7 +145,7 @@ async def start_full(config: CoordinatorConfig, services: Services | None = None
 
 
 async def _serve(app: web.Application, host: str, port: int) -> RunningCoordinator:
-    runner = web.AppRunner(app, handle_signals=False)
+    runner = web.AppRunner(app, handle_signals=False, max_line_size=site.MAX_REQUEST_LINE)
     await runner.setup()
     tcp = web.TCPSite(runner, host, port)
     await tcp.start()

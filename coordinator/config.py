@@ -54,6 +54,7 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     receipts_per_account_per_minute: int = 60_000  # receipts (and batches) a trainer account may post
     max_receipt_credit: float = 10_000.0  # credit one receipt may carry; more is refused
     invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid
+    exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
     experiments: list[ExperimentConfig] = []
 
 
@@ -70,6 +71,7 @@ _ENV_FIELDS = {
     "token_ttl_s": int,
     "allowlist_mode": lambda v: v.lower() in ("1", "true", "yes"),
     "trusted_proxies": lambda v: [p.strip() for p in v.split(",") if p.strip()],
+    "exports_dir": str,
 }
 
 

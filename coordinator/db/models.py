@@ -54,6 +54,13 @@ class Team(CreditMixin, Base):
     __table_args__ = (
         Index("ix_teams_credit_total", "credit_total"),
         Index("ix_teams_credit_recent", "credit_recent"),
+        # The site's prefix search (coordinator.site.search); text_pattern_ops lets LIKE 'x%' use it
+        # under any PostgreSQL collation.
+        Index(
+            "ix_teams_name_lower",
+            func.lower(name).label("name_lower"),
+            postgresql_ops={"name_lower": "text_pattern_ops"},
+        ),
     )
 
 
@@ -72,6 +79,13 @@ class Account(CreditMixin, Base):
     __table_args__ = (
         Index("ix_accounts_credit_total", "credit_total"),
         Index("ix_accounts_credit_recent", "credit_recent"),
+        # Enabled accounts by credit, without reading the table: the site's counts (pages, ranks).
+        Index("ix_accounts_listed", "disabled", "credit_total"),
+        Index(
+            "ix_accounts_name_lower",
+            func.lower(name).label("name_lower"),
+            postgresql_ops={"name_lower": "text_pattern_ops"},
+        ),
     )
 
 
@@ -152,6 +166,39 @@ class CreditDay(Base):
     subject_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
     day: Mapped[int] = mapped_column(Integer, primary_key=True)  # days since the epoch
     credit: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+    # The site's range leaderboards sum a window of days over every subject: this index holds all
+    # they read, so a refresh reads the window's rows only.
+    __table_args__ = (Index("ix_credit_days_day", "day", "subject_kind", "subject_id", "credit"),)
+
+
+class CreditRange(Base):
+    """Credit per subject over the last ``days`` UTC days (1, 7, 30), summed from ``credit_days`` by
+    the site's periodic refresh (``coordinator.site.ranges``): range leaderboards read this indexed
+    table instead of summing rollups (or receipts) per page view. ``computed_at`` (unix time) names
+    the refresh that wrote the row: a generation, published in ``credit_range_runs``."""
+
+    __tablename__ = "credit_ranges"
+    subject_kind: Mapped[str] = mapped_column(String(8), primary_key=True)
+    days: Mapped[int] = mapped_column(Integer, primary_key=True)
+    computed_at: Mapped[float] = mapped_column(Float, primary_key=True)
+    subject_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    credit: Mapped[float] = mapped_column(Float, nullable=False)
+    # The whole page order (credit, then id, both descending): a page is the index read backwards.
+    __table_args__ = (
+        Index("ix_credit_ranges_rank", "subject_kind", "days", "computed_at", "credit", "subject_id"),
+    )
+
+
+class CreditRangeRun(Base):
+    """Which generation of ``credit_ranges`` pages read, per window: the last complete refresh, and
+    how many rows of each kind it wrote (the pages' counts)."""
+
+    __tablename__ = "credit_range_runs"
+    days: Mapped[int] = mapped_column(Integer, primary_key=True)
+    computed_at: Mapped[float] = mapped_column(Float, nullable=False)
+    accounts: Mapped[int] = mapped_column(Integer, nullable=False)
+    teams: Mapped[int] = mapped_column(Integer, nullable=False)
+    hosts: Mapped[int] = mapped_column(Integer, nullable=False)
 
 
 class SpotCheckFlag(Base):

@@ -1,14 +1,40 @@
-"""The project site: server-rendered pages (no JavaScript), and the swarm view's JSON.
+"""The project site: server-rendered pages (no JavaScript), the swarm view's JSON, daily dumps.
 
-- ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard``, ``/contributors/{id}``, ``/swarm``,
-  ``/api/site/swarm`` and ``/static/``; it validates every parameter (bad ones get a 400 page) and renders
-  Jinja2 templates with autoescaping on. Leaderboard and contributor JSON live in ``coordinator.api_ledger``.
-- ``queries``: what the pages read: ``coordinator.leaderboard``'s results plus a few page-only lookups,
-  and the swarm view (grid coverage, top hosts).
-- ``chart``: credit over time as inline SVG drawn on the server, so pages need no JavaScript.
+Layers, bottom up (each imports only those above it in this list):
+
+- ``search`` (name normalisation, prefix search), ``ranges`` (range sums over the daily rollups),
+  ``exports`` (the dump files: atomic writes, listing): pure functions and queries, no HTTP.
+- ``queries``, ``subjects``, ``rank``: what the pages read (leaderboards, contributor, team, host,
+  milestones, find-my-rank positions).
+- ``chart``: credit over time as inline SVG drawn on the server, with its one-sentence summary.
+- ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard`` (``range=`` day/week/month),
+  ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/`` and, through ``pages``,
+  ``/search``, ``/rank``, ``/teams/{id}``, ``/hosts/{peer_id}``, ``/exports`` and ``/exports/{file}``;
+  it validates every parameter (bad ones get a 400 page), renders Jinja2 templates with autoescaping
+  on, gzips pages, caches versioned static files, and answers unknown addresses and failures with the
+  site's own 404 and 500 pages (``/api/`` and ``/ws/`` keep theirs).
+- ``jobs``: ``start_jobs(app, ...)``: the periodic range refresh and daily dump on the app's loop.
 - ``templates/``, ``static/``: the layout and one stylesheet; nothing is loaded from elsewhere.
+
+Leaderboard and contributor JSON live in ``coordinator.api_ledger``. Errors: ``routes.BadParam`` and
+``search.SearchError`` (both ``ValueError``: a 400 page); ``exports.ExportError`` (``OSError``: a dump
+not written, the previous one still served).
 """
 
-from .routes import setup_routes
+from .jobs import start_jobs
+from .routes import (
+    MAX_REQUEST_LINE,
+    services_database_url,
+    services_exports_dir,
+    services_sessions,
+    setup_routes,
+)
 
-__all__ = ["setup_routes"]
+__all__ = [
+    "MAX_REQUEST_LINE",
+    "services_database_url",
+    "services_exports_dir",
+    "services_sessions",
+    "setup_routes",
+    "start_jobs",
+]

@@ -1,7 +1,9 @@
 """Credit over time as inline SVG, drawn on the server: the chart needs no JavaScript and no library.
 
 Only numbers and dates go into the markup (never a user's text), and it is built from fixed
-templates, so the result is safe to mark up as-is.
+templates, so the result is safe to mark up as-is. The SVG scales with its card; on narrow screens the
+stylesheet enlarges its text and hides every other date (``minor``). What it shows is also in words
+(``chart_summary``) and in a table the page puts beside it, for screen readers and keyboards.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from .queries import CreditPoint
 
 WIDTH = 760
 HEIGHT = 260
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 16, 36
+LEFT, RIGHT, TOP, BOTTOM = 76, 24, 20, 44
 
 
 def nice_step(span: float, ticks: int = 4) -> float:
@@ -73,12 +75,17 @@ def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> 
         parts.append(f'<text class="ylabel" x="{LEFT - 8}" y="{yy + 4:.1f}">{short_number(v)}</text>')
     base = TOP + plot_h
     label_every = max(1, math.ceil(n / 6))
-    for i in range(n - 1, -1, -label_every):  # anchored on today, the most useful date
+    for j, i in enumerate(range(n - 1, -1, -label_every)):  # anchored on today, the most useful date
         xx = x(i)
         parts.append(
             f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 5}"/>'
         )
-        parts.append(f'<text class="xlabel" x="{xx:.1f}" y="{HEIGHT - 12}">{day_label(points[i].day)}</text>')
+        minor = " minor" if j % 2 else ""
+        if i == n - 1 and n > 1:
+            minor += " last"  # anchored at its end: centred, today's date would run off the right edge
+        parts.append(
+            f'<text class="xlabel{minor}" x="{xx:.1f}" y="{HEIGHT - 10}">{day_label(points[i].day)}</text>'
+        )
     line = " ".join(f"{x(i):.1f},{y(p.credit):.1f}" for i, p in enumerate(points))
     parts.append(f'<polygon class="area" points="{x(0):.1f},{base} {line} {x(n - 1):.1f},{base}"/>')
     parts.append(f'<polyline class="line" points="{line}"/>')
@@ -94,3 +101,19 @@ def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> 
         )
     parts.append("</svg>")
     return Markup("".join(parts))
+
+
+def chart_summary(points: Sequence[CreditPoint]) -> str:
+    """The chart in one sentence: span, total, best day, last day."""
+    if not points:
+        return "No credit yet."
+    total = sum(p.credit for p in points)
+    best = max(points, key=lambda p: p.credit)
+    active = sum(1 for p in points if p.credit > 0)
+    first, last = points[0], points[-1]
+    return (
+        f"From {day_label(first.day, '%Y-%m-%d')} to {day_label(last.day, '%Y-%m-%d')}: "
+        f"{total:,.1f} credit over {active} active days of {len(points)}; "
+        f"best day {day_label(best.day, '%Y-%m-%d')} with {best.credit:,.1f}; "
+        f"last day {last.credit:,.1f}."
+    )

@@ -21,6 +21,7 @@ from ..assignment import coverage, expert_uids
 from ..config import ExperimentConfig
 from ..db.models import Account, Host, Team
 from ..ledger import DAY_S, decay, rac_per_day
+from . import ranges
 
 Kind = lb.Kind
 Sort = lb.Sort
@@ -45,7 +46,8 @@ class LeaderRow:
     team_name: str | None
     members: int | None  # teams only
     total: float
-    recent: float
+    recent: float  # recent average credit per day; on a range page, the credit in the range
+    team_id: int | None = None  # the team page the row links to
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class LeaderboardPage:
     count: int  # rows on all pages
     has_more: bool
     rows: list[LeaderRow]
+    range: str = "all"  # coordinator.site.ranges.RANGES
+    computed_at: float | None = None  # ranges: when they were summed
 
     @property
     def pages(self) -> int:
@@ -80,9 +84,18 @@ async def leaderboard_page(
             count = await _count(session, select(func.count()).select_from(Host))
         owners: dict[str, int] = {}
         members: dict[str, int] = {}
+        teams: dict[str, int | None] = {}
         if kind == "hosts" and keys:
-            q = select(Host.peer_id, Host.account_id).where(Host.peer_id.in_(keys))
-            owners = {pid: aid for pid, aid in (await session.execute(q)).all()}
+            q = (
+                select(Host.peer_id, Host.account_id, Account.team_id)
+                .join(Account, Account.id == Host.account_id)
+                .where(Host.peer_id.in_(keys))
+            )
+            for pid, aid, tid in (await session.execute(q)).all():
+                owners[pid], teams[pid] = aid, tid
+        if kind == "users" and keys:
+            uq = select(Account.id, Account.team_id).where(Account.id.in_([int(k) for k in keys]))
+            teams = {str(aid): tid for aid, tid in (await session.execute(uq)).all()}
         if kind == "teams" and keys:
             tq = (
                 select(Account.team_id, func.count())
@@ -94,17 +107,84 @@ async def leaderboard_page(
     for e in board.entries:
         if kind == "users":
             aid = int(e.id)
-            row = LeaderRow(e.rank, e.id, e.name, aid, e.name, e.team, None, e.credit_total, e.rac_per_day)
+            row = LeaderRow(
+                e.rank,
+                e.id,
+                e.name,
+                aid,
+                e.name,
+                e.team,
+                None,
+                e.credit_total,
+                e.rac_per_day,
+                teams.get(e.id),
+            )
         elif kind == "teams":
             row = LeaderRow(
-                e.rank, e.id, e.name, None, None, e.name, members.get(e.id, 0), e.credit_total, e.rac_per_day
+                e.rank,
+                e.id,
+                e.name,
+                None,
+                None,
+                e.name,
+                members.get(e.id, 0),
+                e.credit_total,
+                e.rac_per_day,
+                int(e.id),
             )
         else:
             row = LeaderRow(
-                e.rank, e.id, e.id, owners.get(e.id), e.account, e.team, None, e.credit_total, e.rac_per_day
+                e.rank,
+                e.id,
+                e.id,
+                owners.get(e.id),
+                e.account,
+                e.team,
+                None,
+                e.credit_total,
+                e.rac_per_day,
+                teams.get(e.id),
             )
         rows.append(row)
     return LeaderboardPage(kind, sort, page, per_page, count, board.has_more, rows)
+
+
+async def range_leaderboard_page(
+    sessions: async_sessionmaker[AsyncSession], kind: Kind, rng: str, page: int, per_page: int
+) -> LeaderboardPage:
+    """Subjects by credit over a range of days, from ``credit_ranges`` (see ``ranges``); ``recent`` of
+    each row is its credit in the range."""
+    async with sessions() as session:
+        got = await ranges.range_page(session, kind, rng, page, per_page)
+        info = await ranges.names(session, kind, [r.key for r in got.rows])
+        members: dict[str, int] = {}
+        if kind == "teams" and info:
+            tq = (
+                select(Account.team_id, func.count())
+                .where(Account.team_id.in_([int(k) for k in info]), Account.disabled.is_(False))
+                .group_by(Account.team_id)
+            )
+            members = {str(tid): int(n) for tid, n in (await session.execute(tq)).all()}
+    rows = []
+    for r in got.rows:
+        i = info.get(r.key)
+        if i is None:  # disabled (or deleted) since the last refresh
+            continue
+        rows.append(
+            LeaderRow(
+                r.rank,
+                r.key,
+                i["name"],
+                i["account_id"],
+                i["account_name"],
+                i["team_name"],
+                members.get(r.key, 0) if kind == "teams" else None,
+                float(i["total"]),
+                r.credit,
+                i["team_id"],
+            )
+        )
+    return LeaderboardPage(kind, "total", page, per_page, got.count, got.has_more, rows, rng, got.computed_at)
 
 
 async def _count(session: AsyncSession, q: Select[Any]) -> int:

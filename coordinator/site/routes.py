@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,8 +18,8 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ..config import CoordinatorConfig
 from ..leaderboard import MAX_DEPTH, LeaderboardError
 from ..services import SERVICES
-from . import queries
-from .chart import credit_chart, day_label
+from . import queries, ranges, subjects
+from .chart import chart_summary, credit_chart, day_label
 from .queries import KINDS, SORTS, ExperimentCoverage, Kind, Sort
 
 HERE = Path(__file__).parent
@@ -33,6 +34,13 @@ ROW_1D = 16  # a one-dimensional grid wraps into rows of this many cells
 SessionsGetter = Callable[[web.Application], async_sessionmaker[AsyncSession]]
 ConfigGetter = Callable[[web.Application], CoordinatorConfig]
 OnlineGetter = Callable[[web.Application], Sequence[str] | None]
+ExportsGetter = Callable[[web.Application], Path]
+log = logging.getLogger(__name__)
+#: Request lines the server accepts (aiohttp's default is 8190 bytes): long enough that an oversized
+#: search reaches the site and gets its own clear 400 page instead of a bare parser error.
+MAX_REQUEST_LINE = 16 * 1024
+#: Versioned static files (``?v=<hash>``) never change under their URL.
+STATIC_CACHE = "public, max-age=31536000, immutable"
 
 #: No script at all, nothing from elsewhere: the pages need neither.
 SECURITY_HEADERS = {
@@ -53,6 +61,7 @@ class SiteContext:
     env: jinja2.Environment
     per_page: int
     clock: Callable[[], float]
+    get_exports_dir: ExportsGetter
 
 
 SITE = web.AppKey("site", SiteContext)
@@ -77,6 +86,23 @@ def hub_online(app: web.Application) -> Sequence[str] | None:
     return None if hub is None else hub.online()
 
 
+def services_database_url(app: web.Application) -> str:
+    """The URL of the services' database, password included (handed to the dump child process)."""
+    return app[SERVICES].engine.url.render_as_string(hide_password=False)
+
+
+def services_exports_dir(app: web.Application) -> Path:
+    return exports_dir(app[SERVICES].config)
+
+
+def exports_dir(config: CoordinatorConfig) -> Path:
+    if config.exports_dir:
+        return Path(config.exports_dir)
+    import platformdirs
+
+    return Path(platformdirs.user_data_dir("learning-at-home")) / "exports"
+
+
 def setup_routes(
     app: web.Application,
     get_sessions: SessionsGetter = services_sessions,
@@ -85,8 +111,10 @@ def setup_routes(
     *,
     per_page: int = 25,
     clock: Callable[[], float] = time.time,
+    get_exports_dir: ExportsGetter = services_exports_dir,
 ) -> None:
-    """Add the pages, ``/api/site/swarm`` and ``/static/`` to ``app``.
+    """Add the pages, ``/api/site/swarm``, ``/exports/`` and ``/static/`` to ``app``, and the site's own
+    404 and error pages for every address outside ``/api/`` and ``/ws/``.
 
     The leaderboard's and contributors' JSON is ``coordinator.api_ledger``'s (``/api/leaderboard``,
     ``/api/contributors/{id}``); only the swarm view (coverage, peers online, top hosts) is new here.
@@ -95,14 +123,54 @@ def setup_routes(
     The accessors are called per request with the app, so these may be put on the app after this
     (at startup); tests pass their own.
     """
-    app[SITE] = SiteContext(get_sessions, get_config, get_online, make_env(), per_page, clock)
+    from . import pages  # its handlers use this module's helpers
+
+    app[SITE] = SiteContext(
+        get_sessions, get_config, get_online, make_env(), per_page, clock, get_exports_dir
+    )
     r = app.router
     r.add_get("/", index, name="site.index")
     r.add_get("/leaderboard", leaderboard_page, name="site.leaderboard")
     r.add_get("/contributors/{account_id}", contributor_page, name="site.contributor")
+    r.add_get("/teams/{team_id}", pages.team_page, name="site.team")
+    r.add_get("/hosts/{peer_id}", pages.host_page, name="site.host")
+    r.add_get("/search", pages.search_page, name="site.search")
+    r.add_get("/rank", pages.rank_page, name="site.rank")
+    r.add_get("/exports", pages.exports_page, name="site.exports")
+    r.add_get("/exports/{name}", pages.export_file, name="site.export_file")
     r.add_get("/swarm", swarm_page, name="site.swarm")
     r.add_get("/api/site/swarm", swarm_api, name="site.api.swarm")
     r.add_static("/static/", STATIC_DIR, name="site.static", append_version=True)
+    app.middlewares.append(site_errors)
+    app.on_response_prepare.append(_cache_static)
+
+
+def _is_page(request: web.Request) -> bool:
+    return not request.path.startswith(("/api/", "/ws/", "/healthz"))
+
+
+@web.middleware
+async def site_errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Unknown addresses and failures get the site's own pages (JSON and sockets keep theirs)."""
+    try:
+        response: web.StreamResponse = await handler(request)
+        return response
+    except web.HTTPNotFound:
+        if not _is_page(request):
+            raise
+        return error_page(request, 404, "There is no page at this address.")
+    except web.HTTPException:
+        raise
+    except Exception:
+        if not _is_page(request):
+            raise
+        log.exception("page %s failed", request.path)
+        return error_page(request, 500, "Something went wrong on our side. Please try again in a minute.")
+
+
+async def _cache_static(request: web.Request, response: web.StreamResponse) -> None:
+    if request.path.startswith("/static/") and response.status == 200:
+        response.headers["Cache-Control"] = STATIC_CACHE if "v" in request.query else "no-cache"
 
 
 def make_env() -> jinja2.Environment:
@@ -117,8 +185,11 @@ def make_env() -> jinja2.Environment:
     env.filters["compact"] = compact
     env.filters["day"] = day_label
     env.filters["short_peer"] = short_peer
+    env.filters["date"] = format_date
     env.globals["lb_url"] = leaderboard_url
     env.globals["ago"] = ago
+    env.globals["range_labels"] = ranges.RANGE_LABELS
+    env.globals["ranges"] = ranges.RANGES
     return env
 
 
@@ -153,11 +224,27 @@ def ago(ts: float, now: float) -> str:
     return "just now"
 
 
-def leaderboard_url(kind: str, sort: str, page: int = 1) -> str:
-    q: dict[str, str | int] = {"kind": kind, "sort": sort}
+def format_date(value: Any) -> str:
+    """A datetime, or unix time, as "2025-06-15" (UTC); "unknown" for none."""
+    if value is None or value == 0:
+        return "unknown"
+    if isinstance(value, int | float):
+        return time.strftime("%Y-%m-%d", time.gmtime(value))
+    return str(value.strftime("%Y-%m-%d"))
+
+
+def leaderboard_url(kind: str, sort: str, page: int = 1, range: str = "all", mark: str | None = None) -> str:
+    q: dict[str, str | int] = {"kind": kind}
+    if range != "all":
+        q["range"] = range
+    else:
+        q["sort"] = sort
     if page > 1:
         q["page"] = page
-    return "/leaderboard?" + urlencode(q)
+    url = "/leaderboard?" + urlencode(q)
+    if mark is not None:
+        url += "#r-" + mark
+    return url
 
 
 # ---- parameters ----------------------------------------------------------------------------------------
@@ -180,11 +267,14 @@ def _int(raw: str, name: str, lo: int, hi: int) -> int:
     return v
 
 
-def leaderboard_params(query: Mapping[str, str], max_page: int) -> tuple[Kind, Sort, int]:
+def leaderboard_params(query: Mapping[str, str], max_page: int) -> tuple[Kind, Sort, int, str]:
     kind = _choice(query, "kind", KINDS, "users")
     sort = _choice(query, "sort", SORTS, "total")
     page = _int(query.get("page", "1"), "page", 1, max_page)
-    return kind, sort, page  # type: ignore[return-value]
+    rng = _choice(query, "range", ranges.RANGES, "all")
+    if rng != "all" and sort != "total":
+        raise BadParam("a time range ranks by the credit in the range: leave out sort")
+    return kind, sort, page, rng  # type: ignore[return-value]
 
 
 def account_id_param(request: web.Request) -> int | None:
@@ -204,7 +294,14 @@ def render(request: web.Request, template: str, status: int = 200, **context: An
     body = ctx.env.get_template(template).render(static=_static_urls(request), **context)
     resp = web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
     resp.headers.update(SECURITY_HEADERS)
+    compress(request, resp)
     return resp
+
+
+def compress(request: web.Request, resp: web.StreamResponse) -> None:
+    """gzip when the client takes it (pages shrink about fivefold)."""
+    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
+        resp.enable_compression(web.ContentCoding.gzip)
 
 
 def _static_urls(request: web.Request) -> Callable[[str], str]:
@@ -217,7 +314,7 @@ def _static_urls(request: web.Request) -> Callable[[str], str]:
 
 
 def error_page(request: web.Request, status: int, message: str) -> web.Response:
-    titles = {400: "Bad request", 404: "Not found"}
+    titles = {400: "Bad request", 404: "Not found", 500: "Something went wrong"}
     return render(request, "error.html", status=status, title=titles.get(status, "Error"), message=message)
 
 
@@ -252,13 +349,16 @@ async def index(request: web.Request) -> web.Response:
 async def leaderboard_page(request: web.Request) -> web.Response:
     ctx = request.app[SITE]
     try:
-        kind, sort, page = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
-        board = await queries.leaderboard_page(
-            ctx.get_sessions(request.app), kind, sort, page, ctx.per_page, ctx.clock()
-        )
+        kind, sort, page, rng = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
+        sessions = ctx.get_sessions(request.app)
+        if rng == "all":
+            board = await queries.leaderboard_page(sessions, kind, sort, page, ctx.per_page, ctx.clock())
+        else:
+            board = await queries.range_leaderboard_page(sessions, kind, rng, page, ctx.per_page)
     except (BadParam, LeaderboardError) as e:
         return error_page(request, 400, str(e))
-    return render(request, "leaderboard.html", nav="leaderboard", board=board, kinds=KINDS)
+    mark = request.query.get("mark")
+    return render(request, "leaderboard.html", nav="leaderboard", board=board, kinds=KINDS, mark=mark)
 
 
 async def _load_contributor(request: web.Request) -> queries.Contributor | None:
@@ -273,9 +373,20 @@ async def contributor_page(request: web.Request) -> web.Response:
     who = await _load_contributor(request)
     if who is None:
         return error_page(request, 404, "There is no contributor with this id.")
+    ctx = request.app[SITE]
     chart = credit_chart(who.days, title=f"Daily credit, last {len(who.days)} days")
     window = sum(p.credit for p in who.days)
-    return render(request, "contributor.html", nav="leaderboard", who=who, chart=chart, window_credit=window)
+    extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
+    return render(
+        request,
+        "contributor.html",
+        nav="leaderboard",
+        who=who,
+        chart=chart,
+        summary=chart_summary(who.days),
+        window_credit=window,
+        extras=extras,
+    )
 
 
 @dataclass(frozen=True)

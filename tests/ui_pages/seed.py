@@ -10,6 +10,7 @@ import hashlib
 import math
 import random
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -137,6 +138,7 @@ LAST = [
     "Ivanova",
     "Dubois",
 ]
+LONG_NAME = "Supercalifragilisticexpialidocious_GPU_Cluster_Of_The_North_42"
 TEAMS = ["Team Tensor", "GPU Collective", "Night Owls", "Gradient Descenders", "Uni Lab 42", "Solo Miners"]
 
 
@@ -145,7 +147,10 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
     rng = random.Random(7)
     ids: dict[str, int] = {}
     async with sessions() as s, s.begin():
-        teams = [Team(name=t) for t in TEAMS]
+        teams = [
+            Team(name=t, created_at=datetime.fromtimestamp(NOW - (90 + 30 * k) * 86400, UTC))
+            for k, t in enumerate(TEAMS)
+        ]
         s.add_all(teams)
         hosts: list[Host] = []
         plans: list[tuple[Account, list[float]]] = []
@@ -153,6 +158,8 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
             name = f"{FIRST[i % len(FIRST)]} {LAST[(i * 7) % len(LAST)]}"
             if i == 5:
                 name = XSS
+            if i == 7:
+                name = LONG_NAME  # one unbroken word as long as names go: must wrap, not widen the page
             a = Account(name=name if i < len(FIRST) * 2 else f"{name} {i}", team=rng.choice([*teams, None]))
             scale = rng.lognormvariate(6.0, 1.0)
             start = rng.randrange(0, 50)
@@ -165,6 +172,7 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                 daily.append(max(0.0, v))
             if i % 9 == 4:
                 daily[-14:] = [0.0] * 14  # stopped two weeks ago: recent credit decays
+            a.created_at = datetime.fromtimestamp(NOW - (60 - start) * 86400 - 3600, UTC)
             plans.append((a, daily))
             s.add(a)
             for k in range(rng.choice([1, 1, 2, 3])):
@@ -205,6 +213,16 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                     recent / len(mine),
                     NOW,
                 )
+                for d, v in enumerate(daily):
+                    if v > 0:
+                        s.add(
+                            CreditDay(
+                                subject_kind="host",
+                                subject_id=h.peer_id,
+                                day=TODAY - 59 + d,
+                                credit=v / len(mine),
+                            )
+                        )
         for (tid, d), v in team_days.items():
             s.add(CreditDay(subject_kind="team", subject_id=str(tid), day=TODAY - 59 + d, credit=v))
         live = [h for h in hosts if NOW - h.last_seen < 3600]
@@ -228,4 +246,5 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
 REALISTIC_EXPERIMENTS = [
     ExperimentConfig(name="transformer-moe", expert_type="ffn", grid=[8, 8], replication=2),
     ExperimentConfig(name="small-ffn", expert_type="ffn", grid=[32], replication=2),
+    ExperimentConfig(name="wide-ffn", expert_type="ffn", grid=[2, 30], replication=2),  # drawn dense
 ]

@@ -133,7 +133,7 @@ async def test_visitor_walks_the_site(base_url: str, chromium: BrowserContext) -
     await expect(page.get_by_role("heading", level=1)).to_have_text(XSS)
 
     await page.goto(base_url + "/leaderboard?kind=users&sort=total")
-    top = page.locator("table.board tbody tr").first.get_by_role("link")
+    top = page.locator("table.board tbody tr").first.get_by_role("link").first  # the name; then the team
     top_name = await top.inner_text()
     await top.click()
     await expect(page.get_by_role("heading", level=1)).to_have_text(top_name)

@@ -9,7 +9,7 @@ a host earning a steady C per day converges to C.
 Ingestion takes one transaction per batch: receipts go in with INSERT ... ON CONFLICT DO NOTHING
 RETURNING (idempotent by receipt id, safe against concurrent batches), then the credit is summed per
 host, account, team and day, so a batch of 1000 receipts makes a handful of UPDATEs. Subject rows are
-locked (``FOR UPDATE`` on PostgreSQL, in key order; SQLite has one writer at a time) before they are
+locked (``FOR NO KEY UPDATE`` on PostgreSQL, in key order; SQLite has one writer at a time) before they are
 read, and the first statement of the write transaction is a write so that SQLite takes its write lock
 before reading anything.
 """
@@ -174,15 +174,20 @@ class _Plan:
 
 
 async def _lock_hosts(session: AsyncSession, host_ids: Sequence[str]) -> list[Any]:
-    """The hosts' credit rows, locked (PostgreSQL: FOR UPDATE, in key order; SQLite: the caller has
-    written already, so it holds the database's write lock)."""
+    """The hosts' credit rows, locked (PostgreSQL: FOR NO KEY UPDATE, in key order; SQLite: the caller
+    has written already, so it holds the database's write lock).
+
+    Not FOR UPDATE: inserting the batch's receipts took FOR KEY SHARE on these very rows (the receipts'
+    foreign key), in every concurrent batch alike, and FOR UPDATE conflicts with another transaction's
+    KEY SHARE: two overlapping batches then each wait for the other (a deadlock PostgreSQL reported).
+    NO KEY UPDATE is what an UPDATE of non-key columns takes anyway, and it does not conflict with it."""
     q = (
         select(_HOSTS.c.peer_id, _HOSTS.c.account_id, _HOSTS.c.credit_recent, _HOSTS.c.credit_recent_at)
         .where(in_list(session, _HOSTS.c.peer_id, sorted(host_ids)))
         .order_by(_HOSTS.c.peer_id)
     )
     if _is_postgres(session):
-        q = q.with_for_update()
+        q = q.with_for_update(key_share=True)
     return list((await session.execute(q)).all())
 
 
@@ -212,7 +217,7 @@ async def _apply(session: AsyncSession, plan: _Plan, now: float, host_rows: Sequ
         .order_by(_ACCOUNTS.c.id)
     )
     if pg:
-        aq = aq.with_for_update()
+        aq = aq.with_for_update(key_share=True)  # credit columns only; hosts' FKs keep their KEY SHARE
     teams: dict[int, _Delta] = defaultdict(_Delta)
     account_team: dict[int, int | None] = {}
     account_params = []
@@ -231,7 +236,7 @@ async def _apply(session: AsyncSession, plan: _Plan, now: float, host_rows: Sequ
             .order_by(_TEAMS.c.id)
         )
         if pg:
-            tq = tq.with_for_update()
+            tq = tq.with_for_update(key_share=True)
         team_params = [
             {"k": team_id, **_recent_params(recent, recent_at, teams[team_id], now)}
             for team_id, recent, recent_at in (await session.execute(tq)).all()

@@ -202,6 +202,42 @@ async def test_spot_check_refusals(world) -> None:  # type: ignore[no-untyped-de
     assert not h.flagged
 
 
+async def test_a_batch_is_not_held_up_by_another_transactions_receipt_for_the_same_host(world, db) -> None:  # type: ignore[no-untyped-def]
+    """Inserting a receipt takes FOR KEY SHARE on its host's row (the foreign key). A batch that then
+    locked the host FOR UPDATE waited for every such transaction, and two overlapping batches, each
+    holding KEY SHARE and wanting FOR UPDATE, deadlocked on PostgreSQL (seen in CI). The host lock is
+    FOR NO KEY UPDATE, which KEY SHARE does not block. SQLite has one writer: there the batch waits."""
+    sessions, trainer, host, _, _, _ = world
+    first = sign_receipt(trainer, host.peer_id, "mnist.0.1", 3, False, NOW - 5)
+    second = sign_receipt(trainer, host.peer_id, "mnist.0.1", 4, False, NOW - 4)
+    async with sessions() as other, other.begin():
+        other.add(
+            Receipt(
+                receipt_id=first.receipt_id,
+                trainer_peer_id=trainer.peer_id,
+                host_peer_id=host.peer_id,
+                expert_uid="mnist.0.1",
+                samples=3,
+                backward=False,
+                served_at=NOW - 5,
+                credit=3.0,
+                withheld=False,
+                credited_at=NOW,
+            )
+        )
+        await other.flush()  # the row is in, the transaction open: KEY SHARE held on the host
+        batch = asyncio.ensure_future(ingest(sessions, [second], now=NOW))
+        if db.dialect.name == "postgresql":
+            result = await asyncio.wait_for(asyncio.shield(batch), 20)
+            assert result.accepted == 1
+        else:
+            await asyncio.sleep(0.2)
+            assert not batch.done()
+    result = await asyncio.wait_for(batch, 20)
+    assert result.accepted == 1
+    assert (await credit_of(sessions, Host, host.peer_id)).requests_served == 1
+
+
 async def test_concurrent_overlapping_batches_credit_each_receipt_once(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, _, other, _ = world
     receipts = [

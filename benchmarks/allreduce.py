@@ -26,7 +26,6 @@ import os
 import resource
 import statistics
 import sys
-import threading
 import time
 from multiprocessing.connection import Connection
 from typing import Any
@@ -133,25 +132,6 @@ def _worker(index: int, ctl: Connection, url: str, n: int, probe_bytes: int) -> 
     eventloop.run(_worker_main(index, ctl, url, n, probe_bytes))
 
 
-def _coordinator_thread() -> tuple[str, threading.Event]:
-    from coordinator.app import start
-
-    ready: dict[str, str] = {}
-    stop = threading.Event()
-    started = threading.Event()
-
-    async def serve() -> None:
-        running = await start("127.0.0.1", 0)
-        ready["url"] = running.signaling_url
-        started.set()
-        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        await running.stop()
-
-    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
-    started.wait(30)
-    return ready["url"], stop
-
-
 def _spread(xs: list[float]) -> str:
     return f"median {statistics.median(xs):.2f} s (min {min(xs):.2f}, max {max(xs):.2f}, n={len(xs)})"
 
@@ -169,12 +149,13 @@ def main() -> None:
     probe_bytes = 4 * MIB if args.quick else 32 * MIB
 
     import torch
+    from hub import signaling_hub_thread  # benchmarks/ is this script's folder, first on sys.path
 
     from engine.collab import Group, balance_parts, round_time_bound
     from engine.collab.codec import bytes_per_element
     from engine.wire import Compression
 
-    url, stop = _coordinator_thread()
+    url, stop = signaling_hub_thread()
     ctx = mp.get_context("spawn")
     pipes, procs = [], []
     for i in range(PEERS):

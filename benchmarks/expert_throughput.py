@@ -408,25 +408,6 @@ def _start_profilers(
     return started
 
 
-def _coordinator_thread() -> tuple[str, threading.Event]:
-    from coordinator.app import start
-
-    ready: dict[str, str] = {}
-    stop = threading.Event()
-    started = threading.Event()
-
-    async def serve() -> None:
-        running = await start("127.0.0.1", 0)
-        ready["url"] = running.signaling_url
-        started.set()
-        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        await running.stop()
-
-    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
-    started.wait(30)
-    return ready["url"], stop
-
-
 # -- summary ----------------------------------------------------------------------------------------
 
 
@@ -558,7 +539,9 @@ def main() -> None:
     }
     layouts = ["split", "inprocess"] if opts.layout == "both" else [opts.layout]
     ctx = mp.get_context("spawn")
-    url, stop = _coordinator_thread()
+    from hub import signaling_hub_thread  # benchmarks/ is this script's folder, first on sys.path
+
+    url, stop = signaling_hub_thread()
     from engine.p2p.eventloop import loop_name
 
     loads = [round(os.getloadavg()[0], 2)]

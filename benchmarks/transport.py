@@ -37,7 +37,6 @@ import multiprocessing as mp
 import os
 import statistics
 import sys
-import threading
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
@@ -379,25 +378,6 @@ def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
     }
 
 
-def _coordinator_thread() -> tuple[str, threading.Event]:
-    from coordinator.app import start
-
-    ready: dict[str, str] = {}
-    stop = threading.Event()
-    started = threading.Event()
-
-    async def serve() -> None:
-        running = await start("127.0.0.1", 0)
-        ready["url"] = running.signaling_url
-        started.set()
-        await asyncio.get_running_loop().run_in_executor(None, stop.wait)
-        await running.stop()
-
-    threading.Thread(target=lambda: asyncio.run(serve()), daemon=True).start()
-    started.wait(30)
-    return ready["url"], stop
-
-
 def _rate(case: dict[str, float]) -> str:
     return f"{case['MBps']:.1f} MB/s, {case['cpu_ms_per_MiB']:.0f} CPU ms/MiB"
 
@@ -442,7 +422,9 @@ def main() -> None:
     total = (opts.mib or (32 if opts.quick else 128)) * MIB
     slow_total = (opts.slow_mib or (48 if opts.quick else 1024)) * MIB
     ctx = mp.get_context("spawn")
-    url, stop = _coordinator_thread()
+    from hub import signaling_hub_thread  # benchmarks/ is this script's folder, first on sys.path
+
+    url, stop = signaling_hub_thread()
     from engine.p2p.eventloop import loop_name
 
     loop = loop_name()

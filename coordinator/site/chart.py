@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 from markupsafe import Markup, escape
 
@@ -117,3 +118,13 @@ def chart_summary(points: Sequence[CreditPoint]) -> str:
         f"best day {day_label(best.day, '%Y-%m-%d')} with {best.credit:,.1f}; "
         f"last day {last.credit:,.1f}."
     )
+
+
+def chart_context(points: Sequence[CreditPoint], title: str) -> dict[str, Any]:
+    """What a subject page (contributor, team, host) shows of its daily credit: the chart, its text
+    summary and the window's total, under the names the templates use."""
+    return {
+        "chart": credit_chart(points, title=title),
+        "summary": chart_summary(points),
+        "window_credit": sum(p.credit for p in points),
+    }

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from ..leaderboard import MAX_DEPTH
 from . import exports, ranges, rank, search, subjects
-from .chart import chart_summary, credit_chart
+from .chart import chart_context
 from .queries import KINDS, SORTS
 from .routes import (
     SITE,
@@ -96,16 +96,8 @@ async def team_page(request: web.Request) -> web.Response:
     info = await subjects.team(ctx.get_sessions(request.app), team_id, ctx.clock(), page, ctx.per_page)
     if info is None:
         return error_page(request, 404, "There is no team with this id.")
-    chart = credit_chart(info.days, title=f"{info.name}: daily credit, last {len(info.days)} days")
-    return render(
-        request,
-        "team.html",
-        nav="leaderboard",
-        team=info,
-        chart=chart,
-        summary=chart_summary(info.days),
-        window_credit=sum(p.credit for p in info.days),
-    )
+    title = f"{info.name}: daily credit, last {len(info.days)} days"
+    return render(request, "team.html", nav="leaderboard", team=info, **chart_context(info.days, title))
 
 
 async def host_page(request: web.Request) -> web.Response:
@@ -116,16 +108,8 @@ async def host_page(request: web.Request) -> web.Response:
     info = await subjects.host(ctx.get_sessions(request.app), peer_id, ctx.clock())
     if info is None or info.account_disabled:
         return error_page(request, 404, "There is no host with this id.")
-    chart = credit_chart(info.days, title=f"Host {peer_id[:12]}: daily credit, last {len(info.days)} days")
-    return render(
-        request,
-        "host.html",
-        nav="leaderboard",
-        host=info,
-        chart=chart,
-        summary=chart_summary(info.days),
-        window_credit=sum(p.credit for p in info.days),
-    )
+    title = f"Host {peer_id[:12]}: daily credit, last {len(info.days)} days"
+    return render(request, "host.html", nav="leaderboard", host=info, **chart_context(info.days, title))
 
 
 async def exports_page(request: web.Request) -> web.Response:

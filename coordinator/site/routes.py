@@ -19,7 +19,7 @@ from ..config import CoordinatorConfig
 from ..leaderboard import MAX_DEPTH, LeaderboardError
 from ..services import SERVICES
 from . import queries, ranges, subjects
-from .chart import chart_summary, credit_chart, day_label
+from .chart import chart_context, day_label
 from .queries import KINDS, SORTS, ExperimentCoverage, Kind, Sort
 
 HERE = Path(__file__).parent
@@ -374,19 +374,9 @@ async def contributor_page(request: web.Request) -> web.Response:
     if who is None:
         return error_page(request, 404, "There is no contributor with this id.")
     ctx = request.app[SITE]
-    chart = credit_chart(who.days, title=f"Daily credit, last {len(who.days)} days")
-    window = sum(p.credit for p in who.days)
     extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
-    return render(
-        request,
-        "contributor.html",
-        nav="leaderboard",
-        who=who,
-        chart=chart,
-        summary=chart_summary(who.days),
-        window_credit=window,
-        extras=extras,
-    )
+    chart = chart_context(who.days, f"Daily credit, last {len(who.days)} days")
+    return render(request, "contributor.html", nav="leaderboard", who=who, extras=extras, **chart)
 
 
 @dataclass(frozen=True)

@@ -347,6 +347,10 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def leaderboard_page(request: web.Request) -> web.Response:
+    if request.query.get("kind") == "trainers":
+        from .collab import trainers_page
+
+        return await trainers_page(request)
     ctx = request.app[SITE]
     try:
         kind, sort, page, rng = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
@@ -413,6 +417,8 @@ def grid_view(exp: ExperimentCoverage) -> GridView | None:
 
 
 async def swarm_page(request: web.Request) -> web.Response:
+    from .collab import collab_panel, panel_context
+
     swarm = await _load_swarm(request)
     grids = [grid_view(e) for e in swarm.experiments]
     return render(
@@ -421,6 +427,8 @@ async def swarm_page(request: web.Request) -> web.Response:
         nav="swarm",
         swarm=swarm,
         experiments=list(zip(swarm.experiments, grids, strict=True)),
+        collaborations=await collab_panel(request),
+        **panel_context(),
     )
 
 

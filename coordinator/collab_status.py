@@ -204,7 +204,8 @@ def collab_view(experiment: str, target: int, trainers: Sequence[TrainerStatus])
     epochs = sorted((t.epoch for t in ordered), reverse=True)
     epoch = epochs[(len(epochs) + 1) // 2 - 1]
     current = [t for t in ordered if t.epoch == epoch]
-    rounds = [t for t in ordered if t.last_round_epoch is not None]
+    # rounds up to the collaboration's epoch: a trainer claiming to be ahead names no round either
+    rounds = [t for t in ordered if t.last_round_epoch is not None and t.last_round_epoch <= epoch]
     last_epoch = max((t.last_round_epoch for t in rounds if t.last_round_epoch is not None), default=None)
     last = [t for t in rounds if t.last_round_epoch == last_epoch]
     times = [t.last_round_s for t in last if t.last_round_s is not None]

@@ -101,7 +101,10 @@ class CollabStatusReporter:
 
     async def _run(self) -> None:
         while True:
-            await self.report()
+            try:
+                await self.report()
+            except Exception:  # a bug here must not end the reports for the trainer's whole life
+                logger.exception("building or sending the collaboration status failed")
             await asyncio.sleep(self.interval_s)
 
     async def close(self, final_timeout_s: float = 5.0) -> None:

@@ -1,6 +1,7 @@
-"""The site's part of collaborative training: the swarm page's collaboration panel and the
-leaderboard's Trainers tab (``/leaderboard?kind=trainers``), both read through
-``coordinator.collab_status`` and ``coordinator.training``. Imported by ``routes`` (its helpers)."""
+"""The site's part of collaborative training: the swarm page's collaboration panel, the leaderboard's
+Trainers tab (``/leaderboard?kind=trainers``) and the training-samples tile of a trainer's contributor
+page, read through ``coordinator.collab_status`` and ``coordinator.training``. ``routes`` imports it
+inside its handlers (this module uses ``routes``' helpers)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from ..collab_status import OUTCOME_LABELS, CollabView, collaborations
-from ..training import trainer_board
+from ..training import account_training_samples, trainer_board
 from .routes import SITE, BadParam, _int, error_page, render
 
 MAX_PAGE = 400
@@ -42,3 +43,10 @@ async def trainers_page(request: web.Request) -> web.Response:
         return error_page(request, 400, str(e))
     board = await trainer_board(ctx.get_sessions(request.app), page, ctx.per_page)
     return render(request, "leaderboard_trainers.html", nav="leaderboard", board=board)
+
+
+async def training_samples(request: web.Request, account_id: int) -> int:
+    """The account's training samples (0 for volunteers): a tile on its contributor page."""
+    ctx = request.app[SITE]
+    async with ctx.get_sessions(request.app)() as session:
+        return await account_training_samples(session, account_id)

@@ -379,8 +379,13 @@ async def contributor_page(request: web.Request) -> web.Response:
         return error_page(request, 404, "There is no contributor with this id.")
     ctx = request.app[SITE]
     extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
+    from .collab import training_samples
+
     chart = chart_context(who.days, f"Daily credit, last {len(who.days)} days")
-    return render(request, "contributor.html", nav="leaderboard", who=who, extras=extras, **chart)
+    training = await training_samples(request, who.id)
+    return render(
+        request, "contributor.html", nav="leaderboard", who=who, extras=extras, training=training, **chart
+    )
 
 
 @dataclass(frozen=True)

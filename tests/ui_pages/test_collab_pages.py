@@ -103,6 +103,9 @@ async def test_swarm_panel_and_trainers_tab(base_url: str) -> None:
                 assert samples == ["2,350,000", "800,000", "240,000", "31,000", "4,000"]
                 await expect(page.get_by_role("link", name="Dense Crew " + XSS_TEAM).first).to_be_visible()
                 await expect(page.locator('.tabs a[aria-current="page"]')).to_have_text("Trainers")
+                await page.get_by_role("link", name="Dense Dave").click()
+                await expect(page.locator(".stat", has_text="training samples")).to_contain_text("800,000")
+                await page.go_back()
                 await page.screenshot(
                     path=str(SCREENSHOTS / "leaderboard-trainers-1280-light.png"), full_page=True
                 )

@@ -19,15 +19,27 @@ nothing.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
+import logging
 import math
 import time
+from collections.abc import AsyncIterator
 
 from aiohttp import web
 
 from .api_accounts import json_errors as account_errors
 from .api_ledger import _trainer
-from .collab_status import MAX_BODY_BYTES, CollabStatusError, StatusReport, check, collaborations, record
+from .collab_status import (
+    MAX_BODY_BYTES,
+    CollabStatusError,
+    StatusReport,
+    check,
+    collaborations,
+    expire,
+    record,
+)
 from .http import ApiError, json_errors, read_json
 from .ratelimit import RateLimiter
 from .services import SERVICES
@@ -35,9 +47,11 @@ from .training import trainer_board
 
 REPORTS_PER_MINUTE = 60  # per account: a few trainers reporting every 5 s each, with room to spare
 PER_PAGE = 50
+EXPIRY_PERIOD_S = 60.0
 MAX_PAGE = 200
 
 REPORT_LIMITER = web.AppKey("collab_report_limiter", RateLimiter)
+log = logging.getLogger(__name__)
 
 
 @account_errors
@@ -95,9 +109,29 @@ async def get_trainers(request: web.Request) -> web.StreamResponse:
     )
 
 
+async def _expiry(app: web.Application) -> AsyncIterator[None]:
+    """Old reports deleted every ``EXPIRY_PERIOD_S`` on the app's loop, whether trainers report or not."""
+
+    async def run() -> None:
+        while True:
+            await asyncio.sleep(EXPIRY_PERIOD_S)
+            try:
+                await expire(app[SERVICES].sessions)
+            except Exception:  # the database may be briefly away: the next period tries again
+                log.exception("expiring old collaboration status reports failed")
+
+    task = asyncio.create_task(run(), name="collab-status-expiry")
+    yield
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+
+
 def setup_routes(app: web.Application, limiter: RateLimiter | None = None) -> None:
-    """Add the routes; ``limiter``: the reports' token bucket per account (tests pass a clock)."""
+    """Add the routes and the expiry task; ``limiter``: the reports' token bucket per account (tests
+    pass one with a clock)."""
     app[REPORT_LIMITER] = RateLimiter.per_minute(REPORTS_PER_MINUTE) if limiter is None else limiter
+    app.cleanup_ctx.append(_expiry)
     app.router.add_post("/api/collab/status", post_status)
     app.router.add_get("/api/collab", get_collaborations)
     app.router.add_get("/api/collab/trainers", get_trainers)

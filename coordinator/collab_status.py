@@ -5,7 +5,8 @@ A trainer of a collaborative experiment posts every few seconds what it sees of 
 towards the next step and its rate, how many peers it sees, its last round (epoch, seconds, outcome),
 and the samples it processed since its process started (``run_id``), which ``coordinator.training``
 turns into the trainer's training samples. Reports replace the key's previous one; rows older than
-``EXPIRE_S`` are deleted by the next report, and the view shows only those of the last ``ONLINE_S``.
+``EXPIRE_S`` are deleted by the next report and by a periodic ``expire``, and the view shows only those
+of the last ``ONLINE_S``.
 
 The view per experiment (``collab_view``, pure) follows ``engine.collab.progress.derive_progress``: the
 collaboration's epoch is the newest one at least half of the online trainers have reached, its progress
@@ -153,6 +154,15 @@ async def record(
         )
         await session.execute(delete(_STATUS).where(_STATUS.c.reported_at < now - EXPIRE_S))
     return added
+
+
+async def expire(sessions: async_sessionmaker[AsyncSession], now: float | None = None) -> int:
+    """Delete reports older than ``EXPIRE_S`` (run every minute by ``api_collab``, so rows go within
+    ``EXPIRE_S`` plus a minute even when no trainer reports any more); returns how many went."""
+    now = time.time() if now is None else now
+    async with sessions() as session, session.begin():
+        result = await session.execute(delete(_STATUS).where(_STATUS.c.reported_at < now - EXPIRE_S))
+    return int(getattr(result, "rowcount", 0) or 0)
 
 
 # ---------------------------------------------------------------- the swarm's view

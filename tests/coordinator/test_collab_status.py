@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator import api_collab, api_ledger, site
-from coordinator.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, record
+from coordinator.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, expire, record
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.models import CollabStatus, TrainerWork
 from coordinator.ratelimit import RateLimiter
@@ -283,4 +283,8 @@ async def test_silent_trainers_leave_the_panel_and_old_rows_are_deleted(world: W
     async with sessions() as s:
         peers = (await s.execute(select(CollabStatus.peer_id))).scalars().all()
     assert peers == [w.other.peer_id]
+    # and without any further report, the periodic expiry deletes it in time
+    assert await expire(sessions, t0 + EXPIRE_S) == 0
+    assert await expire(sessions, t0 + 2 * EXPIRE_S + 2) == 1
+    assert await stored(w) == (0, 2, 305)  # the trainers' work stays: it is their record
     assert (await w.client.get("/api/collab/trainers?page=0")).status == 400

@@ -229,3 +229,39 @@ class Assignment(Base):
         UniqueConstraint("host_peer_id", "experiment", "expert_uid"),
         Index("ix_assignments_expert", "experiment", "expert_uid"),
     )
+
+
+class CollabStatus(Base):
+    """A collaborative trainer's latest report of its collaboration (``coordinator.collab_status``):
+    the swarm page's panel. Rows older than a few minutes are deleted as new reports arrive."""
+
+    __tablename__ = "collab_status"
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+    peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False, index=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    samples_accumulated: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    samples_per_s: Mapped[float] = mapped_column(Float, nullable=False)
+    peers: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_round_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_round_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_round_outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    reported_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)  # unix time
+
+
+class TrainerWork(Base):
+    """A trainer key's training work for one experiment: what it claims, what its receipts prove.
+
+    ``receipt_samples`` is kept by the ledger as receipts are ingested (the forward samples this key's
+    accepted receipts say it sent to the experiment's experts); ``samples_claimed`` sums the increases of
+    the processed-samples counter in the key's status reports (``run_id``/``run_samples``: the counter of
+    the current trainer process). Credited training samples are the smaller of the two."""
+
+    __tablename__ = "trainer_work"
+    peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), primary_key=True)
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+    receipt_samples: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    samples_claimed: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    run_id: Mapped[str] = mapped_column(String(32), default="", nullable=False)
+    run_samples: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    updated_at: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)

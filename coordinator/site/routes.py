@@ -347,6 +347,10 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def leaderboard_page(request: web.Request) -> web.Response:
+    if request.query.get("kind") == "trainers":
+        from .collab import trainers_page
+
+        return await trainers_page(request)
     ctx = request.app[SITE]
     try:
         kind, sort, page, rng = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
@@ -375,8 +379,13 @@ async def contributor_page(request: web.Request) -> web.Response:
         return error_page(request, 404, "There is no contributor with this id.")
     ctx = request.app[SITE]
     extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
+    from .collab import training_samples
+
     chart = chart_context(who.days, f"Daily credit, last {len(who.days)} days")
-    return render(request, "contributor.html", nav="leaderboard", who=who, extras=extras, **chart)
+    training = await training_samples(request, who.id)
+    return render(
+        request, "contributor.html", nav="leaderboard", who=who, extras=extras, training=training, **chart
+    )
 
 
 @dataclass(frozen=True)
@@ -413,6 +422,8 @@ def grid_view(exp: ExperimentCoverage) -> GridView | None:
 
 
 async def swarm_page(request: web.Request) -> web.Response:
+    from .collab import collab_panel, panel_context
+
     swarm = await _load_swarm(request)
     grids = [grid_view(e) for e in swarm.experiments]
     return render(
@@ -421,6 +432,8 @@ async def swarm_page(request: web.Request) -> web.Response:
         nav="swarm",
         swarm=swarm,
         experiments=list(zip(swarm.experiments, grids, strict=True)),
+        collaborations=await collab_panel(request),
+        **panel_context(),
     )
 
 

@@ -1,5 +1,6 @@
 """The coordinator's HTTP API, the engine's one client of it: the node's accounts, host binding, token
-refresh, assignments and energy, and the trainer's bootstrap peers, receipts and spot checks.
+refresh, assignments and energy, and the trainer's bootstrap peers, receipts, spot checks and
+collaboration status.
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
@@ -172,4 +173,9 @@ class CoordinatorApi:
 
     async def post_spot_check(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = await self._post("/api/spot-checks", report, token)
+        return answer
+
+    async def post_collab_status(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
+        """A collaborative trainer's status report (a trainer account's token): the coordinator's answer."""
+        answer: dict[str, Any] = await self._post("/api/collab/status", report, token)
         return answer

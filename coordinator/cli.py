@@ -73,8 +73,8 @@ async def grant_trainer(config_path: Path | None, name: str, ttl_s: float | None
     finally:
         await services.close()
     print(
-        f"coordinator: {account.name} is a {account.role}; login code {code} "
-        f"(single use, expires at unix time {expires_at:.0f}): lah train login --name NAME --code CODE",
+        f"coordinator: {account.name} is a {account.role}; login code {code} (single use, expires at "
+        f"unix time {expires_at:.0f}): lah train login --name {account.name} --code={code}",
         flush=True,
     )
     return code

@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.add_argument("--data-dir", type=Path, help="the trainer's identity (default: user data dir)")
         p.add_argument("--token-file", type=Path, help="keep the token in this 0600 file, not the keyring")
     train_login.add_argument("--name", required=True, help="the trainer account's name")
-    train_login.add_argument("--code", help="the login code (default: asked for, not echoed)")
+    train_login.add_argument("--code", help="the login code, as --code=CODE (default: asked for, not echoed)")
     train.add_argument("--experiment", help="the experiment to train (the coordinator defines it)")
     until = train.add_mutually_exclusive_group()
     until.add_argument("--steps", type=int, help="stop at this collaborative step (default: Ctrl+C)")

@@ -364,6 +364,12 @@ def _wait_for_peers(
     say(f"{seen} of {peers} trainers in the collaboration: starting anyway")
 
 
+def _peers(collab: Any) -> int:
+    """Trainers whose progress records are live, in any epoch (this one included): the collaboration."""
+    tracker = collab.tracker
+    return len({*dict(tracker.view.active(tracker.local_clock())), tracker.me})
+
+
 def _loop(
     trainer: Any, steps: int | None, samples: int | None, stop: threading.Event, say: Callable[[str], None]
 ) -> None:
@@ -381,7 +387,7 @@ def _loop(
         if stepped or now - last_line >= PROGRESS_EVERY_S:
             last = stats.collab_steps[-1] if stats.collab_steps else (0, 0)
             group = last[1] if collab is not None and last[0] == collab.epoch else 0  # 0: caught up by state
-            peers = collab.tracker.progress().peers if collab is not None else 1
+            peers = _peers(collab) if collab is not None else 1
             round_s = "-" if math.isnan(stats.last_round_s) else f"{stats.last_round_s:.2f} s"
             say(
                 f"step {collab.epoch if collab is not None else stats.steps}: loss {stats.last_loss:.3f}, "

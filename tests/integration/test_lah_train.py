@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -86,17 +87,32 @@ def test_two_lah_train_runs_step_together_and_credit_the_volunteers(tmp_path: Pa
         dirs = [tmp_path / "alice", tmp_path / "bob"]
         for name, d in zip(("alice", "bob"), dirs, strict=True):
             _, code, _ = loop.run(grant_trainer(running.services.accounts, name, by=None), 15)
-            argv = ["train", "login", "--coordinator", running.url, "--name", name, "--code", code]
+            argv = ["train", "login", "--coordinator", running.url, "--name", name, f"--code={code}"]
             assert lah_main([*argv, "--data-dir", str(d), "--token-file", str(d / "token.json")]) == 0
             assert code not in (d / "token.json").read_text()
         first = _lah_train(running.url, dirs[0], "--steps", "3")
         second = _lah_train(running.url, dirs[1], "--steps", "1000")  # until SIGINT
         procs = [first, second]
-        out_first, _ = first.communicate(timeout=200)
-        assert first.returncode == 0, out_first
+        # Ctrl+C for the second once it took step 3: it stops after the batch in hand.
+        lines: list[str] = []
+        third = threading.Event()
+
+        def read_second() -> None:
+            assert second.stdout is not None
+            for line in second.stdout:
+                lines.append(line)
+                if line.startswith("step 3:"):
+                    third.set()
+
+        reader = threading.Thread(target=read_second, daemon=True)
+        reader.start()
+        assert third.wait(200), "".join(lines)
         second.send_signal(signal.SIGINT)
-        out_second, _ = second.communicate(timeout=90)
-        assert second.returncode == 0, out_second
+        out_first, _ = first.communicate(timeout=60)
+        assert first.returncode == 0, out_first
+        assert second.wait(90) == 0, "".join(lines)
+        reader.join(10)
+        out_second = "".join(lines)
         assert "stopping after this batch" in out_second
         # Both took steps 1 to 3 together, in rounds of two.
         for out in (out_first, out_second):

@@ -29,8 +29,8 @@ from .accounts import AccountView
 from .api_accounts import Text, authenticate, json_errors, read_body
 from .config import ExperimentConfig
 from .http import ApiError
-from .services import SERVICES, Services
 from .ledger import TRAINER_ROLES
+from .services import SERVICES, Services
 from .trainers import grant_trainer, redeem_login_code
 
 

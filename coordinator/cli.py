@@ -1,6 +1,7 @@
 """``lah coordinator``: run the whole coordinator from a TOML config (and ``LAH_*`` environment);
 ``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` / ``grant-trainer NAME`` act on its
-database directly (the operator's tools, no admin token needed; a running coordinator sees the change at once)."""
+database directly (the operator's tools, no admin token needed; a running coordinator sees the change
+at once)."""
 
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ trainer token, and every refusal with its status and code; plus ``lah coordinato
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -13,10 +15,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import cli as coordinator_cli
 from coordinator.app import create_full_app
 from coordinator.config import DenseModel, ExperimentConfig, load_config
 from coordinator.services import Services, open_services
+from lah.cli import main as lah_main
 
 from . import accounts_helpers as h
 
@@ -233,7 +235,7 @@ async def test_in_allowlist_mode_a_grant_creates_the_account(db: AsyncEngine, tm
 # -- the operator's command -------------------------------------------------------------------------
 
 
-async def test_lah_coordinator_grant_trainer_prints_a_code_that_logs_in(
+def test_lah_coordinator_grant_trainer_prints_a_code_that_logs_in(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     config_path = tmp_path / "coordinator.toml"
@@ -242,14 +244,20 @@ async def test_lah_coordinator_grant_trainer_prints_a_code_that_logs_in(
         f'token_key_path = "{tmp_path / "token.key"}"\n'
         "verify_workers = 0\n"
     )
-    code = await coordinator_cli.grant_trainer(config_path, "grace")
+    assert lah_main(["coordinator", "--config", str(config_path), "grant-trainer", "grace"]) == 0
     out = capsys.readouterr().out
-    assert "grace is a trainer" in out and code in out
-    services = await open_services(load_config(config_path))
-    app = await create_full_app(services.config, services)  # its cleanup closes the services
-    async with (
-        TestClient(TestServer(app)) as client,
-        client.post("/api/trainers/login", json={"name": "grace", "code": code}) as r,
-    ):
-        assert r.status == 200
-        assert services.tokens.decode((await r.json())["token"]).role == "trainer"
+    found = re.search(r"grace is a trainer; login code (\S+) .* --code=(\S+)$", out.strip())
+    assert found is not None and found[1] == found[2], out
+    code = found[1]
+
+    async def log_in() -> None:
+        services = await open_services(load_config(config_path))
+        app = await create_full_app(services.config, services)  # its cleanup closes the services
+        async with (
+            TestClient(TestServer(app)) as client,
+            client.post("/api/trainers/login", json={"name": "grace", "code": code}) as r,
+        ):
+            assert r.status == 200
+            assert services.tokens.decode((await r.json())["token"]).role == "trainer"
+
+    asyncio.run(log_in())

@@ -15,8 +15,8 @@ collaboration's timeout), so the others get this trainer's part; gradients accum
 not yet taken are dropped, as DeDLOC drops any peer that leaves. Receipts are flushed, then the
 trainer leaves. A second Ctrl+C quits at once.
 
-Exit status: 0 done or stopped, 1 the coordinator or the swarm failed, 2 a usage problem (no login,
-not a trainer, no such experiment, a data set that does not fit the experiment).
+Exit status: 0 done or stopped, 1 the coordinator is unreachable, 2 a usage problem (no login, not a
+trainer, no such experiment, a data set that does not fit the experiment), 130 quit at once.
 """
 
 from __future__ import annotations
@@ -204,6 +204,9 @@ def run_train(
     except CoordinatorUnreachable as e:
         say(f"lah train: {e}")
         return 1
+    except KeyboardInterrupt:  # before training started, or a second Ctrl+C: left at once
+        say("lah train: stopped")
+        return 130
 
 
 def _run(

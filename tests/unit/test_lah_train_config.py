@@ -116,3 +116,20 @@ def test_bad_command_lines_are_refused(
     with pytest.raises(SystemExit) as exited:
         lah_main(argv)
     assert exited.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_dense_model_is_read_from_the_coordinators_toml(tmp_path: Path) -> None:
+    from coordinator.config import ConfigError, load_config
+
+    base = '[[experiments]]\nname = "ffn"\nexpert_type = "ffn"\ngrid = [4, 4]\n'
+    path = tmp_path / "c.toml"
+    path.write_text(base + 'dense = { in_features = 8, classes = 3, dataset = "mine" }\n')
+    dense = load_config(path, environ={}).experiments[0].dense
+    assert (dense.in_features, dense.classes, dense.dataset, dense.batch_size) == (8, 3, "mine", 64)
+    path.write_text(base)
+    assert load_config(path, environ={}).experiments[0].dense == DenseModel()
+    bad_fields = ("in_features = 0", "classes = -1", "lr = 0", 'dataset = ""', "colour = 1", "k_best = 'x'")
+    for bad in bad_fields:
+        path.write_text(base + f"dense = {{ {bad} }}\n")
+        with pytest.raises(ConfigError, match="dense"):
+            load_config(path, environ={})

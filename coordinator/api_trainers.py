@@ -14,12 +14,14 @@ grid and hyperparameters, the target batch size of the collaboration and the den
 ``token_expired``, ``token_revoked``), 403 ``not_a_trainer`` for a volunteer's, 403
 ``account_disabled``, 404 ``unknown_experiment``. The login takes a single-use code from the operator's
 grant (:mod:`coordinator.trainers`): 403 ``invite_invalid`` for a wrong, used or expired code or name,
-403 ``forbidden`` for an account that is not a trainer. Errors are the shared JSON shape
+403 ``forbidden`` for an account that is not a trainer, 429 ``rate_limited`` past the per-address
+budget registrations have (``register_per_ip_per_minute``). Errors are the shared JSON shape
 (``coordinator.http``).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any
 
 import msgspec
@@ -88,6 +90,10 @@ async def get_experiment(request: web.Request) -> web.StreamResponse:
 @json_errors
 async def login(request: web.Request) -> web.StreamResponse:
     services = _services(request)
+    key = services.client_address(request)
+    if not services.register_limiter.allow(key):  # unauthenticated, like registering: the same budget
+        retry = max(1, math.ceil(services.register_limiter.retry_after(key)))
+        raise ApiError(429, "rate_limited", "too many logins from this address", {"Retry-After": str(retry)})
     body = await read_body(request, LoginRequest)
     account = await redeem_login_code(services.accounts, body.name, body.code)
     token = services.tokens.issue(account.id, account.role)  # "trainer" (or "admin")

@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from coordinator.app import create_full_app
 from coordinator.config import DenseModel, ExperimentConfig, load_config
 from coordinator.services import Services, open_services
+from coordinator.trainers import grant_trainer
 from lah.cli import main as lah_main
 
 from . import accounts_helpers as h
@@ -230,6 +231,20 @@ async def test_in_allowlist_mode_a_grant_creates_the_account(db: AsyncEngine, tm
         assert status == 201 and body["account"]["role"] == "trainer"
         status, login = await api.call("POST", "/api/trainers/login", {"name": "grace", "code": body["code"]})
         assert status == 200 and api.services.tokens.decode(login["token"]).role == "trainer"
+
+
+async def test_logins_share_the_per_address_budget_of_registrations(db: AsyncEngine, tmp_path: Path) -> None:
+    async for api in _api(db, tmp_path, register_per_ip_per_minute=3):
+        _, code, _ = await grant_trainer(api.services.accounts, "grace", by=None)
+        for _ in range(3):
+            status, body = await api.call("POST", "/api/trainers/login", {"name": "grace", "code": "guess"})
+            assert (status, body["error"]) == (403, "invite_invalid")
+        async with api.client.post("/api/trainers/login", json={"name": "grace", "code": code}) as r:
+            assert r.status == 429 and (await r.json())["error"] == "rate_limited"
+            assert int(r.headers["Retry-After"]) >= 1
+        api.clock.advance(61)
+        status, _ = await api.call("POST", "/api/trainers/login", {"name": "grace", "code": code})
+        assert status == 200  # the refused attempts did not use the code up
 
 
 # -- the operator's command -------------------------------------------------------------------------

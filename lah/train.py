@@ -15,8 +15,9 @@ collaboration's timeout), so the others get this trainer's part; gradients accum
 not yet taken are dropped, as DeDLOC drops any peer that leaves. Receipts are flushed, then the
 trainer leaves. A second Ctrl+C quits at once.
 
-Exit status: 0 done or stopped, 1 the coordinator is unreachable, 2 a usage problem (no login, not a
-trainer, no such experiment, a data set that does not fit the experiment), 130 quit at once.
+Exit status: 0 done or stopped, 1 the coordinator or the swarm could not be reached, 2 a usage problem
+(no login, not a trainer, no such experiment, a data set that does not fit the experiment), 130 quit at
+once.
 """
 
 from __future__ import annotations
@@ -38,8 +39,10 @@ from typing import Any
 
 import platformdirs
 
+from engine.dht.errors import DHTError
 from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
 from engine.node.tokens import Credentials
+from engine.p2p.errors import P2PError
 
 from .train_credentials import TrainerCredentials, fresh
 
@@ -203,6 +206,9 @@ def run_train(
         return 2
     except CoordinatorUnreachable as e:
         say(f"lah train: {e}")
+        return 1
+    except (TimeoutError, RuntimeError, P2PError, DHTError) as e:  # signaling, DHT or collaboration
+        say(f"lah train: could not join the swarm: {type(e).__name__}: {e}")
         return 1
     except KeyboardInterrupt:  # before training started, or a second Ctrl+C: left at once
         say("lah train: stopped")

@@ -10,7 +10,7 @@ from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from . import api_accounts, api_collab, api_ledger, api_swarm, site
+from . import api_accounts, api_collab, api_ledger, api_swarm, api_trainers, site
 from .config import CoordinatorConfig
 from .http import error_response
 from .receipts import Verifier
@@ -96,6 +96,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
     api_swarm.setup_routes(app)
     api_collab.setup_routes(app)
+    api_trainers.setup_routes(app)
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.
     site.start_jobs(

@@ -121,6 +121,9 @@ def remote_model(
     loop: LoopThread,
     config: TrainerConfig,
     observer: Callable[[CallRecord], None] | None = None,
+    *,
+    in_features: int = 64,
+    n_classes: int = 10,
 ) -> DigitsDMoE:
     torch.manual_seed(config.seed)
     moe = RemoteMixtureOfExperts(
@@ -137,7 +140,7 @@ def remote_model(
         observer=observer,
         wire=config.wire,
     )
-    return DigitsDMoE(moe, config.dim)
+    return DigitsDMoE(moe, config.dim, in_features, n_classes)
 
 
 def local_model(config: TrainerConfig) -> DigitsDMoE:
@@ -293,13 +296,18 @@ class TrainerNode:
         config: TrainerConfig | None = None,
         link_config: LinkConfig | None = None,
         receipt_interval_s: float = 2.0,
+        credentials: Credentials | None = None,
+        on_credentials: Callable[[Credentials], None] | None = None,
     ) -> None:
+        """``credentials``: an existing trainer account's (``lah train``; else ``start`` registers
+        ``name``); ``on_credentials`` is told each refreshed token (the old one is revoked by then)."""
         self.name, self.loop = name, loop
         self.identity = identity or Identity.generate()
         self.config = config or TrainerConfig()
         self.api = CoordinatorApi(coordinator_url)
         self.link_config = link_config or LinkConfig(connect_timeout=15)
-        self.credentials: Credentials | None = None
+        self.credentials: Credentials | None = credentials
+        self.on_credentials = on_credentials
         self.peer: Peer | None = None
         self.dht: DHTNode | None = None
         self.finder: DHTExpertFinder | None = None
@@ -309,8 +317,10 @@ class TrainerNode:
         self.stats = TrainStats()
 
     async def start(self) -> None:
-        """Register and bind (the account still needs the ``trainer`` role for credit), join, find peers."""
-        self.credentials = await self.api.register(self.name)
+        """Register (unless given credentials) and bind (the account needs the ``trainer`` role for
+        credit), join, find peers."""
+        if self.credentials is None:
+            self.credentials = await self.api.register(self.name)
         await self.api.bind_host(self.credentials, self.identity)
         self.peer = Peer(
             self.identity, self.api.signaling_url, config=self.link_config, token_provider=self.token
@@ -338,6 +348,8 @@ class TrainerNode:
         c = self.credentials
         if c.expires_at - time.time() < TOKEN_REFRESH_S:
             self.credentials = await self.api.refresh(c)
+            if self.on_credentials is not None:
+                self.on_credentials(self.credentials)
         return self.credentials.token
 
     async def _post_receipts(self, batch: list[dict[str, Any]]) -> dict[str, Any]:

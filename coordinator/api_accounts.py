@@ -175,8 +175,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
 async def register(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = _client_key(request)
-    if not services.register_limiter.allow(key):
-        retry = max(1, math.ceil(services.register_limiter.retry_after(key)))
+    wait = await services.register_limiter.take(key)
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
         raise ApiError(
             429, "rate_limited", "too many registrations from this address", {"Retry-After": str(retry)}
         )

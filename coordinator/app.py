@@ -13,6 +13,7 @@ from engine.p2p.signaling_protocol import IceServer
 from . import api_accounts, api_collab, api_ledger, api_swarm, api_trainers, site
 from .config import CoordinatorConfig
 from .http import error_response
+from .outage import HEALTH_CHECKS, database_check, database_outage, run_checks
 from .receipts import Verifier
 from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
@@ -38,7 +39,10 @@ def create_app(
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    """200 while every check in ``HEALTH_CHECKS`` passes (the proxy's health check), else 503."""
+    checks = await run_checks(request.app.get(HEALTH_CHECKS, {}))
+    ok = all(checks.values())
+    return web.json_response({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
 
 async def _peers(request: web.Request) -> web.StreamResponse:
@@ -81,6 +85,8 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     )
     app = create_app(hub=hub)
     app[SERVICES] = services
+    app.middlewares.append(database_outage)  # a database that is away: 503, not 500
+    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}  # more checks may join it
     # Ed25519 checks hold the GIL: a pool of spawned processes (started on the first big batch)
     # is what lets receipt ingestion use more than one core.
     workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
@@ -100,7 +106,11 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.
     site.start_jobs(
-        app, site.services_sessions, site.services_exports_dir, get_database_url=site.services_database_url
+        app,
+        site.services_sessions,
+        site.services_exports_dir,
+        get_database_url=site.services_database_url,
+        leader=services.leader,  # with replicas: on one of them at a time
     )
     return app
 

@@ -140,6 +140,19 @@ class RevokedToken(Base):
     expires_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)  # prunable after this
 
 
+class RateBucket(Base):
+    """A token bucket shared by every replica (PostgreSQL): ``tokens`` as of ``at``, the database's
+    clock in unix seconds, so a replica whose own clock is off refills it no faster or slower.
+    ``granted``: whether the last take succeeded (what the one UPDATE ... RETURNING reports)."""
+
+    __tablename__ = "rate_buckets"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float, nullable=False)
+    at: Mapped[float] = mapped_column(Float, nullable=False)
+    granted: Mapped[bool] = mapped_column(Boolean, nullable=False)
+
+
 class Receipt(Base):
     """One signed statement by a trainer: this host served this expert for so many samples."""
 

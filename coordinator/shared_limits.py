@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sqlalchemy import text
+from sqlalchemy import Float, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from .ratelimit import RateLimiter
@@ -50,25 +50,26 @@ class LocalBuckets:
         return self.limiter.prune()
 
 
+_FLOATS = [bindparam(name, type_=Float) for name in ("cost", "rate", "burst")]
 # The refill, computed once per statement from the row being updated and the database's clock.
-_REFILL = "LEAST(CAST(:burst AS float8), b.tokens + GREATEST(0.0, EXTRACT(EPOCH FROM now()) - b.at) * :rate)"
+_REFILL = "LEAST(:burst, b.tokens + GREATEST(0.0, CAST(EXTRACT(EPOCH FROM now()) AS float8) - b.at) * :rate)"
 _TAKE = text(
     f"""
     INSERT INTO rate_buckets AS b (scope, key, tokens, at, granted)
     VALUES (:scope, :key,
             CASE WHEN :cost <= :burst THEN :burst - :cost ELSE :burst END,
-            EXTRACT(EPOCH FROM now()), :cost <= :burst)
+            CAST(EXTRACT(EPOCH FROM now()) AS float8), :cost <= :burst)
     ON CONFLICT (scope, key) DO UPDATE SET
         tokens = CASE WHEN {_REFILL} >= :cost THEN {_REFILL} - :cost ELSE {_REFILL} END,
         granted = {_REFILL} >= :cost,
-        at = GREATEST(b.at, EXTRACT(EPOCH FROM now()))
+        at = GREATEST(b.at, CAST(EXTRACT(EPOCH FROM now()) AS float8))
     RETURNING b.tokens, b.granted
     """
-)
+).bindparams(*_FLOATS)
 _PRUNE = text(
     "DELETE FROM rate_buckets AS b WHERE b.scope = :scope AND "
-    "b.tokens + GREATEST(0.0, EXTRACT(EPOCH FROM now()) - b.at) * :rate >= :burst"
-)
+    "b.tokens + GREATEST(0.0, CAST(EXTRACT(EPOCH FROM now()) AS float8) - b.at) * :rate >= :burst"
+).bindparams(*_FLOATS[1:])
 
 
 class DatabaseBuckets:

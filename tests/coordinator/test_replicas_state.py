@@ -152,7 +152,7 @@ async def test_a_replica_with_a_clock_two_minutes_off_judges_tokens_by_the_datab
                     assert abs(claims.iat - time.time()) < 5  # issued on database time
             # The same replica without the correction issues tokens the others refuse as "not valid
             # yet": the test would catch a replica that used its own clock.
-            from coordinator.tokens import TokenExpired, TokenAuthority, load_signing_key
+            from coordinator.tokens import TokenAuthority, TokenExpired, load_signing_key
 
             raw = TokenAuthority(
                 load_signing_key(tmp_path / "token.key"),

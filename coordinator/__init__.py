@@ -3,6 +3,10 @@
 Modules, bottom up:
 
 - :mod:`coordinator.signaling`: the signaling hub (authenticated peers, presence, offer/answer relay).
+- :mod:`coordinator.pg_link`, :mod:`coordinator.shared_limits`, :mod:`coordinator.leader`,
+  :mod:`coordinator.outage`: what lets N replicas share one PostgreSQL (dedicated connections for
+  LISTEN and locks, database-clocked rate buckets, the leader of periodic jobs, 503 while it is away);
+  :mod:`coordinator.services` composes them, and on SQLite uses the one-process versions.
 - :mod:`coordinator.app`: the aiohttp application that mounts the hub, and how to run it.
 
 It imports ``engine`` (shared wire schemas and identities) and never ``app``.

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from aiohttp import web
@@ -114,11 +114,11 @@ class Services:
         ``housekeep_shared`` among them), the revocation listener, the clock's sync, and
         ``housekeep_local`` every ``HOUSEKEEPING_S``."""
 
-        async def every(period: float, work: Callable[[], object], what: str) -> None:
+        async def every(period: float, work: Callable[[], Awaitable[object]], what: str) -> None:
             while True:
                 await asyncio.sleep(period)
                 try:
-                    await work()  # type: ignore[misc]
+                    await work()
                 except Exception:  # the database is away for a moment: next round
                     logger.exception("coordinator %s failed", what)
 

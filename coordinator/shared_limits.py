@@ -14,7 +14,7 @@ SQLite is one process: :class:`LocalBuckets` wraps the in-memory :class:`~coordi
 hub's offers per sender (``signaling.OfferGate``: a sender's offers all go through the one socket it
 holds, on one replica) and concurrent WebSockets per address (``ratelimit.ConnectionLimiter``: each
 replica bounds what one address can hold open on it, so the whole group bounds it to N times the
-limit; the proxy's own per-address connection limit is the global one, see docs/deploy.md).
+limit; the proxy's own per-address connection limit, e.g. nginx's ``limit_conn``, is the global one).
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from coordinator.leader import Leader
 from coordinator.migrations import migrate
 from coordinator.pg_link import Link
 from coordinator.receipts import ReceiptBatch, sign_receipt
+from coordinator.shared_limits import DatabaseBuckets
 from engine.p2p.identity import Identity
 from tests.dbs import POSTGRES_URL
 
@@ -52,6 +53,7 @@ async def test_a_batch_posted_to_two_replicas_at_once_is_credited_once(tmp_path:
         a = await start_replica(tmp_path, schema)
         b = await start_replica(tmp_path, schema)
         try:
+            assert isinstance(b.services.receipt_limiter, DatabaseBuckets)  # counted across replicas
             trainer, trainer_account = await make_host(a.services.sessions, "trainer", role="trainer")
             host, account_id = await make_host(a.services.sessions, "alice", team="red")
             auth = {"Authorization": f"Bearer {a.services.tokens.issue(trainer_account, 'trainer')}"}

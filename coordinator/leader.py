@@ -7,12 +7,14 @@ replica runs a :class:`Leader`; the one that holds the session-level advisory lo
 runs the jobs, the others retry every ``retry_s``. Leadership is the connection: when the leader
 process dies or its connection is cut, the server releases the lock at once (or, for a machine that
 vanished silently, after the TCP keepalives of ``pg_link`` give up, ~30 s), and another replica takes
-it on its next try. The leader checks its connection every ``check_s`` and, if the check fails,
-cancels its jobs and gives up leadership before trying again. So the bound on two leaders at once is
-one ``check_s`` after a cut that the old leader has not yet seen; every job is written so that an
-overlap that short is harmless (range sums publish a new generation, dumps are renamed into place).
-A new leader starts its jobs at once, so work resumes within ``retry_s`` (+ keepalive time) of the
-old leader's death.
+it on its next try. The old leader stops its jobs the moment its connection reports the close, and
+at the latest when its ping (every ``check_s``, timing out after ``check_s``) fails: within
+``2 * check_s`` of the cut. A new leader therefore waits ``handover_s`` (more than that) after taking
+the lock before it starts the jobs, so the two never run jobs at once unless the old one's event loop
+stalls for longer than that; and the jobs are written so that even then an overlap is harmless
+(range sums publish a new generation, dumps are renamed into place). Work resumes within
+``retry_s + handover_s`` (~7 s by default; + keepalive time for a vanished machine) of the old
+leader's death.
 
 SQLite is one process: :class:`LocalLeader` always leads and just runs the jobs.
 """
@@ -20,6 +22,7 @@ SQLite is one process: :class:`LocalLeader` always leads and just runs the jobs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -90,12 +93,15 @@ class LocalLeader:
 class Leader(LocalLeader):
     """One of N replicas on PostgreSQL: runs the jobs only while it holds the leadership lock."""
 
-    def __init__(self, link: Link, *, retry_s: float = 2.0, check_s: float = 2.0) -> None:
+    def __init__(
+        self, link: Link, *, retry_s: float = 2.0, check_s: float = 2.0, handover_s: float | None = None
+    ) -> None:
         super().__init__()
         self.link = link
         self.key = link.lock_key(LEADER_LOCK)
         self.retry_s = retry_s
         self.check_s = check_s
+        self.handover_s = 2 * check_s + 1.0 if handover_s is None else handover_s
         self.conn: asyncpg.Connection | None = None
         self.terms = 0  # how many times this replica became the leader
 
@@ -103,11 +109,22 @@ class Leader(LocalLeader):
         """Hold leadership for as long as ``conn`` answers (returns when it does not)."""
         self.terms += 1
         log.info("this replica leads the periodic jobs (term %d)", self.terms)
-        self._start_jobs()
+        lost = asyncio.Event()
+        conn.add_termination_listener(lambda _c: lost.set())
         try:
-            while True:
-                await asyncio.sleep(self.check_s)
-                await ping(conn, timeout=self.check_s)
+            # The previous leader may not have seen its loss yet: give it the time to stop.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(lost.wait(), self.handover_s)
+            if lost.is_set():
+                return
+            await ping(conn, timeout=self.check_s)
+            self._start_jobs()
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), self.check_s)
+                if not lost.is_set():
+                    await ping(conn, timeout=self.check_s)
+            log.warning("leadership lost with its connection")
         except asyncio.CancelledError:
             raise
         except Exception as e:

@@ -112,7 +112,7 @@ async def test_periodic_jobs_run_on_one_replica_and_move_when_it_dies(link: Link
 
         return work
 
-    leaders = {name: Leader(link, retry_s=0.2, check_s=0.2) for name in ("a", "b", "c")}
+    leaders = {name: Leader(link, retry_s=0.3, check_s=0.5) for name in ("a", "b", "c")}
     for name, leader in leaders.items():
         leader.add_job("tick", 0.05, job(name))
     tasks = {name: asyncio.create_task(leader.run()) for name, leader in leaders.items()}
@@ -120,7 +120,8 @@ async def test_periodic_jobs_run_on_one_replica_and_move_when_it_dies(link: Link
         await wait_for(lambda: sum(lead.is_leader for lead in leaders.values()) == 1 and len(runs) >= 3)
         first = next(n for n, lead in leaders.items() if lead.is_leader)
 
-        # Its lock connection is cut (as when its machine or its network dies): another replica leads.
+        # Its lock connection is cut (as when its machine or its network dies): a new term begins,
+        # on whichever replica takes the lock first (perhaps the same one, reconnected).
         async with asyncio.timeout(10):
             admin = await link.connect()
         try:
@@ -130,29 +131,23 @@ async def test_periodic_jobs_run_on_one_replica_and_move_when_it_dies(link: Link
         finally:
             await admin.close()
         cut = time.monotonic()
-        await wait_for(lambda: any(n != first and s > cut for n, s, _ in runs), timeout=20)
+        await wait_for(lambda: any(s > cut for _, s, _ in runs), timeout=30)
+        took_over = min(s for _, s, _ in runs if s > cut) - cut
+        assert took_over < 20  # retry_s + handover_s, with room for a loaded machine
+        assert sum(lead.terms for lead in leaders.values()) >= 2
         second = next(n for n, lead in leaders.items() if lead.is_leader)
-        assert second != first
-        took_over = min(s for n, s, _ in runs if n != first and s > cut) - cut
-        assert took_over < 15  # retry_s + check_s, with room for a loaded machine
 
-        # The second leader stops (its process ends): the third leads.
+        # That leader stops (its process ends): another one leads.
         tasks[second].cancel()
         await asyncio.gather(tasks[second], return_exceptions=True)
         stopped = time.monotonic()
-        await wait_for(lambda: any(n not in (first, second) and s > stopped for n, s, _ in runs), timeout=20)
-        await wait_for(
-            lambda: (
-                leaders[first].is_leader
-                or any(lead.is_leader for n, lead in leaders.items() if n not in (first, second))
-            )
-        )
+        await wait_for(lambda: any(n != second and s > stopped for n, s, _ in runs), timeout=30)
+        assert sum(lead.terms for lead in leaders.values()) >= 3
 
         # No two runs ever overlapped in time.
         ordered = sorted(runs, key=lambda r: r[1])
         for (_, _, end), (_, start, _) in itertools.pairwise(ordered):
             assert start >= end
-        assert leaders[first].terms >= 1 and leaders[second].terms >= 1
     finally:
         for task in tasks.values():
             task.cancel()
@@ -204,18 +199,21 @@ async def test_the_database_going_away_under_load(tmp_path: Path) -> None:
                             assert body["error"] == "database_unavailable" and "Retry-After" in r.headers
                         return r.status
 
-                async def load() -> list[int]:
-                    out = []
-                    for data in batches:
-                        out.append(await post(data))
-                    return out
+                statuses: list[int] = []
+
+                async def load() -> None:  # batches, one after another, until the outage is felt
+                    for i in itertools.count():
+                        statuses.append(await post(batches[i % len(batches)]))
+                        if statuses[-1] == 503 and statuses.count(503) >= 3:
+                            return
 
                 loading = asyncio.create_task(load())
-                await asyncio.sleep(0.3)
+                await wait_for(lambda: len(statuses) >= 3)  # under load: a cut mid-stream
                 await proxy.cut()
-                statuses = await loading
+                async with asyncio.timeout(60):
+                    await loading
                 assert set(statuses) <= {200, 503}, statuses
-                assert 503 in statuses
+                assert statuses[0] == 200
                 async with http.get(f"{a.url}/healthz") as r:
                     assert r.status == 503 and (await r.json())["checks"] == {"database": False}
                 async with http.get(f"{a.url}/api/me") as r:

@@ -11,7 +11,9 @@
 Posting takes the bearer token of an enabled trainer (or admin) account, as receipts do (401 without a
 valid token, 403 for other roles), and the report's ``peer_id`` must be a key bound to that account
 (403 ``not_your_key``). Each account's reports pass a token bucket (``REPORTS_PER_MINUTE``, 429 with
-Retry-After beyond). Errors are ``{"error": code, "message": text}``: 400 (not JSON), 413 (too large),
+Retry-After beyond; with replicas it is a shared bucket in the database, and the expiry of old
+reports is a job of the leading replica: ``coordinator.services``). Errors are
+``{"error": code, "message": text}``: 400 (not JSON), 413 (too large),
 422 (JSON outside the schema, non-finite numbers, inconsistent fields, a processed-samples counter gone
 backwards, an experiment that is not collaborative), 404 (unknown experiment). A refused report stores
 nothing.
@@ -43,6 +45,7 @@ from .collab_status import (
 from .http import ApiError, json_errors, read_json
 from .ratelimit import RateLimiter
 from .services import SERVICES
+from .shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 from .training import trainer_board
 
 REPORTS_PER_MINUTE = 60  # per account: a few trainers reporting every 5 s each, with room to spare
@@ -50,7 +53,7 @@ PER_PAGE = 50
 EXPIRY_PERIOD_S = 60.0
 MAX_PAGE = 200
 
-REPORT_LIMITER = web.AppKey("collab_report_limiter", RateLimiter)
+REPORT_LIMITER = web.AppKey("collab_report_limiter", Buckets)
 log = logging.getLogger(__name__)
 
 
@@ -60,8 +63,9 @@ async def post_status(request: web.Request) -> web.StreamResponse:
     report = await read_json(request, StatusReport, MAX_BODY_BYTES, invalid_status=422)
     limiter = request.app[REPORT_LIMITER]
     key = str(account.id)
-    if not limiter.allow(key):
-        retry = max(1, math.ceil(limiter.retry_after(key)))
+    wait = await limiter.take(key)
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
         raise ApiError(
             429, "rate_limited", "too many status reports from this account", {"Retry-After": str(retry)}
         )
@@ -130,8 +134,18 @@ async def _expiry(app: web.Application) -> AsyncIterator[None]:
 def setup_routes(app: web.Application, limiter: RateLimiter | None = None) -> None:
     """Add the routes and the expiry task; ``limiter``: the reports' token bucket per account (tests
     pass one with a clock)."""
-    app[REPORT_LIMITER] = RateLimiter.per_minute(REPORTS_PER_MINUTE) if limiter is None else limiter
-    app.cleanup_ctx.append(_expiry)
+    services = app.get(SERVICES)
+    if limiter is not None:
+        app[REPORT_LIMITER] = LocalBuckets(limiter)
+    elif services is not None and services.replicated:
+        app[REPORT_LIMITER] = DatabaseBuckets.per_minute(services.sessions, "collab", REPORTS_PER_MINUTE)
+    else:
+        app[REPORT_LIMITER] = LocalBuckets(RateLimiter.per_minute(REPORTS_PER_MINUTE))
+    if services is not None and services.replicated:  # on the leading replica only
+        sessions = services.sessions
+        services.leader.add_job("collab expiry", EXPIRY_PERIOD_S, lambda: expire(sessions), EXPIRY_PERIOD_S)
+    else:
+        app.cleanup_ctx.append(_expiry)
     app.router.add_post("/api/collab/status", post_status)
     app.router.add_get("/api/collab", get_collaborations)
     app.router.add_get("/api/collab/trainers", get_trainers)

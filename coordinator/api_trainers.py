@@ -91,8 +91,9 @@ async def get_experiment(request: web.Request) -> web.StreamResponse:
 async def login(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = services.client_address(request)
-    if not services.register_limiter.allow(key):  # unauthenticated, like registering: the same budget
-        retry = max(1, math.ceil(services.register_limiter.retry_after(key)))
+    wait = await services.register_limiter.take(key)  # unauthenticated, like registering: the same budget
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
         raise ApiError(429, "rate_limited", "too many logins from this address", {"Retry-After": str(retry)})
     body = await read_body(request, LoginRequest)
     account = await redeem_login_code(services.accounts, body.name, body.code)

@@ -64,6 +64,11 @@ class Services:
     listener: Listener | None = None  # replicas: hears revocations made on the others
     db_clock: DbClock | None = None  # replicas: this replica's clock, corrected to the database's
 
+    @property
+    def replicated(self) -> bool:
+        """One of N replicas on PostgreSQL (else one process)."""
+        return self.listener is not None
+
     async def close(self) -> None:
         if self.owns_engine:
             await self.engine.dispose()

@@ -237,3 +237,22 @@ async def test_the_database_going_away_under_load(tmp_path: Path) -> None:
         finally:
             await a.stop()
             await proxy.close()
+
+
+async def test_two_full_replicas_starting_at_once_on_an_empty_schema(tmp_path: Path) -> None:
+    """As ``lah coordinator`` starts them: migrations (once), the clock, the links, then serving."""
+    async with fresh_schema() as schema:
+        a, b = await asyncio.gather(start_replica(tmp_path, schema), start_replica(tmp_path, schema))
+        try:
+            async with aiohttp.ClientSession() as http:
+                for replica in (a, b):
+                    async with http.get(f"{replica.url}/healthz") as r:
+                        assert r.status == 200, await r.text()
+                r = await http.post(f"{a.url}/api/accounts", json={"name": "Ada"})
+                assert r.status == 201
+                r = await http.post(f"{b.url}/api/accounts", json={"name": "ada"})
+                assert r.status == 409  # one schema: B sees A's account
+            await wait_for(lambda: a.services.leader.is_leader != b.services.leader.is_leader, timeout=30)
+        finally:
+            await a.stop()
+            await b.stop()

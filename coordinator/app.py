@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -13,6 +13,7 @@ from engine.p2p.signaling_protocol import IceServer
 from . import api_accounts, api_ledger, api_swarm, site
 from .config import CoordinatorConfig
 from .http import error_response
+from .presence import ReplicaGroup
 from .receipts import Verifier
 from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
@@ -48,18 +49,18 @@ async def _peers(request: web.Request) -> web.StreamResponse:
         return await _peers_for_accounts(request)
     if request.remote not in ("127.0.0.1", "::1"):
         return error_response(403, "forbidden", "the peer list is served to this machine only")
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
 @api_accounts.json_errors
 async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
     await api_accounts.authenticate(request)
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
-def _peer_list(request: web.Request) -> web.Response:
+async def _peer_list(request: web.Request) -> web.Response:
     hub = request.app[HUB_KEY]
-    return web.json_response({"online": hub.online(), "stats": vars(hub.stats)})
+    return web.json_response({"online": await hub.online_all(), "stats": vars(hub.stats)})
 
 
 async def create_full_app(config: CoordinatorConfig, services: Services | None = None) -> web.Application:
@@ -91,6 +92,8 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         await services.close()
 
     app.on_cleanup.append(close_services)
+    if services.engine.dialect.name == "postgresql":
+        app.cleanup_ctx.append(_replica_group(hub, services))
     app.cleanup_ctx.append(services.housekeeping)
     api_accounts.setup_routes(app)
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
@@ -101,6 +104,22 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         app, site.services_sessions, site.services_exports_dir, get_database_url=site.services_database_url
     )
     return app
+
+
+def _replica_group(hub: SignalingHub, services: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    """On PostgreSQL every coordinator is a replica of a group (maybe of one): presence and relaying
+    go through the database, so another process on the same URL joins with no flag at all."""
+
+    async def ctx(_: web.Application) -> AsyncIterator[None]:
+        group = ReplicaGroup(services.engine)
+        await group.start(hub)
+        hub.group = group
+        yield
+        await hub.close_all()  # before the group's rows go: no socket outlives its presence
+        hub.group = None
+        await group.stop()
+
+    return ctx
 
 
 @dataclass

@@ -1,0 +1,312 @@
+"""Replicas of one coordinator sharing PostgreSQL: who is online where, and signals between them.
+
+Every replica (any ``lah coordinator`` given the same PostgreSQL URL: its id is drawn at start)
+has a row in ``replicas`` whose ``heartbeat_at`` it sets to the database's ``now()`` every
+``HEARTBEAT_S`` (2 s). A peer's signaling socket is a row in ``presence`` naming its replica and
+the socket (``conn``). Whatever reads presence (``online``, ``forward``) counts only replicas whose
+heartbeat is younger than ``DEAD_AFTER_S`` (6 s, three missed beats), by the database's clock, so a
+replica's own clock being off changes nothing. **Bound:** a replica that dies without cleaning up
+(kill -9, lost machine) stops being listed, and stops being relayed to, at most ``DEAD_AFTER_S``
+after its last heartbeat, so within 6 s of its death. Its rows are deleted ``REAP_AFTER_S`` later
+by whichever replica beats next; a replica that was only slow finds its row gone, writes it again
+and claims its peers anew.
+
+A peer that connects claims its presence row: the latest connection wins, and if the row named a
+socket on another live replica, that replica is told (``relay.Evict``) to close it, as one hub
+closes a duplicate socket itself. The signaling hub (``coordinator.signaling``) forwards a signal
+whose recipient is not on this replica with :meth:`ReplicaGroup.forward`; the recipient's replica
+delivers it, or answers the sender with ``Error(unknown_peer)`` if the peer left meanwhile.
+
+Rate limits and duplicate suppression of offers stay with the replica that holds the sender's
+socket (a sender is on one replica at a time). The hub's ``recheck`` sweep runs on every replica;
+a disable on one replica asks all others to sweep at once (``relay.Sweep``).
+
+:meth:`ReplicaGroup.healthy` is false while the relay listener is away or the last heartbeat is
+older than ``DEAD_AFTER_S``: the proxy's health check should then send new sockets elsewhere. While
+the listener is away the replica's row says ``listening = false`` and others answer signals for its
+peers with ``unknown_peer`` instead of notifying into the void.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+from typing import Protocol
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from engine.p2p import signaling_protocol as sp
+
+from . import relay
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_S = 2.0
+DEAD_AFTER_S = 6.0
+REAP_AFTER_S = 60.0
+FRAME_TTL_S = 60.0  # a stored frame nobody read (its replica died) is deleted after this
+
+_FRESH = "r.heartbeat_at > now() - make_interval(secs => :dead)"
+_CHANNEL = f"'{relay.CHANNEL_PREFIX}' || r.id"  # the replica's channel, in SQL
+
+
+class LocalPeers(Protocol):
+    """What the replica's own signaling hub does for the group."""
+
+    def local_peers(self) -> dict[str, str]:
+        """peer id -> conn of the sockets this replica holds."""
+        ...
+
+    async def deliver_local(self, peer_id: str, frame: str) -> bool:
+        """Send ``frame`` to this replica's socket of ``peer_id``; False if there is none."""
+        ...
+
+    async def evict_local(self, peer_id: str, conn: str) -> None: ...
+
+    async def sweep(self) -> int: ...
+
+
+def new_replica_id() -> str:
+    return secrets.token_hex(8)
+
+
+def new_conn_id() -> str:
+    return secrets.token_hex(8)
+
+
+class ReplicaGroup:
+    def __init__(self, engine: AsyncEngine, *, replica_id: str | None = None) -> None:
+        if engine.dialect.name != "postgresql":
+            raise relay.RelayError("replicas need PostgreSQL")
+        self.engine = engine
+        self.replica_id = replica_id or new_replica_id()
+        self.listener = relay.Listener(
+            relay.asyncpg_dsn(engine.url.render_as_string(hide_password=False)),
+            relay.channel_of(self.replica_id),
+            self._on_payload,
+            self._set_listening,
+        )
+        self._hub: LocalPeers | None = None
+        self._beat: asyncio.Task[None] | None = None
+        self._last_beat = -1e9
+        # "largest": the longest notification this replica sent, in bytes (real frame sizes)
+        self.stats = {"forwarded": 0, "stored": 0, "delivered": 0, "bounced": 0, "evicted": 0, "largest": 0}
+
+    async def start(self, hub: LocalPeers) -> None:
+        self._hub = hub
+        await self._exec("INSERT INTO replicas (id, listening) VALUES (:me, false)", me=self.replica_id)
+        self._last_beat = time.monotonic()
+        await self.listener.start()
+        self._beat = asyncio.create_task(self._beat_forever(), name=f"replica-heartbeat-{self.replica_id}")
+
+    async def stop(self) -> None:
+        """Leave cleanly: the peers' rows go with the replica's (the hub closed the sockets)."""
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+            self._beat = None
+        await self.listener.stop()
+        try:
+            await self._exec("DELETE FROM replicas WHERE id = :me", me=self.replica_id)
+        except Exception:  # the database is away: the others will reap the row
+            logger.warning("cannot remove replica %s", self.replica_id)
+
+    def healthy(self) -> bool:
+        return self.listener.listening and time.monotonic() - self._last_beat < DEAD_AFTER_S
+
+    # -- presence ----------------------------------------------------------------------------------
+
+    async def claim(self, peer_id: str, conn: str) -> None:
+        """Make ``conn`` on this replica the peer's socket; close the one it replaces elsewhere."""
+        old = await self._claim(peer_id, conn)
+        if old is not None and old[0] != self.replica_id:
+            await self._notify(old[0], relay.Evict(peer_id, old[1]))
+
+    async def _claim(self, peer_id: str, conn: str) -> tuple[str, str] | None:
+        async with self.engine.begin() as c:
+            for _ in range(3):
+                # UPDATE first (it locks the row, so two claims of one peer are ordered), then INSERT.
+                row = (
+                    await c.execute(
+                        text(
+                            "UPDATE presence SET replica_id = :me, conn = :conn, since = now() "
+                            "FROM (SELECT peer_id, replica_id, conn FROM presence WHERE peer_id = :peer "
+                            "FOR UPDATE) AS old WHERE presence.peer_id = old.peer_id "
+                            "RETURNING old.replica_id, old.conn"
+                        ),
+                        {"me": self.replica_id, "conn": conn, "peer": peer_id},
+                    )
+                ).first()
+                if row is not None:
+                    return (row[0], row[1])
+                inserted = await c.execute(
+                    text(
+                        "INSERT INTO presence (peer_id, replica_id, conn) VALUES (:peer, :me, :conn) "
+                        "ON CONFLICT (peer_id) DO NOTHING"
+                    ),
+                    {"me": self.replica_id, "conn": conn, "peer": peer_id},
+                )
+                if inserted.rowcount == 1:  # type: ignore[attr-defined]
+                    return None
+        raise relay.RelayError(f"cannot claim presence of {peer_id[:12]}")
+
+    async def release(self, peer_id: str, conn: str) -> None:
+        await self._exec(
+            "DELETE FROM presence WHERE peer_id = :peer AND conn = :conn", peer=peer_id, conn=conn
+        )
+
+    async def online(self) -> list[str]:
+        """Every peer on a live replica of the group, sorted."""
+        async with self.engine.connect() as c:
+            rows = await c.execute(
+                text(
+                    f"SELECT p.peer_id FROM presence p JOIN replicas r ON r.id = p.replica_id "
+                    f"WHERE {_FRESH} ORDER BY p.peer_id"
+                ),
+                {"dead": DEAD_AFTER_S},
+            )
+            return [r[0] for r in rows]
+
+    # -- relaying ----------------------------------------------------------------------------------
+
+    async def forward(self, to: str, frame: str, *, sender: str, ref: int | None) -> bool:
+        """Send ``frame`` to ``to`` on whichever live replica holds it; False if none does."""
+        payload = relay.encode(relay.Deliver(to, self.replica_id, ref, sender, frame))
+        self.stats["largest"] = max(self.stats["largest"], len(payload.encode()))
+        params = {"peer": to, "dead": DEAD_AFTER_S}
+        locate = (
+            "FROM presence p JOIN replicas r ON r.id = p.replica_id "
+            f"WHERE p.peer_id = :peer AND r.listening AND {_FRESH}"
+        )
+        async with self.engine.begin() as c:
+            if relay.fits_notify(payload):
+                sent = await c.execute(
+                    text(f"SELECT pg_notify({_CHANNEL}, :payload) {locate}"),
+                    {**params, "payload": payload},
+                )
+                found = sent.first() is not None
+            else:
+                target = (await c.execute(text(f"SELECT r.id {locate}"), params)).scalar()
+                found = target is not None
+                if target is not None:
+                    await self._store(c, target, payload)
+        if found:
+            self.stats["forwarded"] += 1
+        return found
+
+    async def request_sweep(self) -> None:
+        """Ask every other live replica to recheck its peers now."""
+        await self._exec(
+            f"SELECT pg_notify({_CHANNEL}, 's') FROM replicas r WHERE r.id <> :me AND {_FRESH}",
+            me=self.replica_id,
+            dead=DEAD_AFTER_S,
+        )
+
+    async def _notify(self, replica_id: str, n: relay.Notification) -> None:
+        payload = relay.encode(n)
+        async with self.engine.begin() as c:
+            if relay.fits_notify(payload):
+                await c.execute(
+                    text("SELECT pg_notify(:channel, :payload)"),
+                    {"channel": relay.channel_of(replica_id), "payload": payload},
+                )
+            else:
+                await self._store(c, replica_id, payload)
+
+    async def _store(self, c: AsyncConnection, replica_id: str, payload: str) -> None:
+        frame_id = (
+            await c.execute(
+                text("INSERT INTO signal_frames (replica_id, body) VALUES (:r, :body) RETURNING id"),
+                {"r": replica_id, "body": payload},
+            )
+        ).scalar_one()
+        await c.execute(
+            text("SELECT pg_notify(:channel, :payload)"),
+            {"channel": relay.channel_of(replica_id), "payload": relay.encode(relay.Stored(frame_id))},
+        )
+        self.stats["stored"] += 1
+
+    async def _on_payload(self, payload: str) -> None:
+        n = relay.decode(payload)
+        hub = self._hub
+        assert hub is not None
+        if isinstance(n, relay.Stored):
+            async with self.engine.begin() as c:
+                body = (
+                    await c.execute(
+                        text("DELETE FROM signal_frames WHERE id = :id RETURNING body"), {"id": n.frame_id}
+                    )
+                ).scalar()
+            if body is None:
+                logger.warning("stored signal frame %d is gone", n.frame_id)
+                return
+            n = relay.decode(body)
+            if isinstance(n, relay.Stored):
+                raise relay.BadNotification("a stored frame that points to another")
+        if isinstance(n, relay.Deliver):
+            if await hub.deliver_local(n.to, n.frame):
+                self.stats["delivered"] += 1
+            elif n.ref is not None and n.sender:
+                self.stats["bounced"] += 1
+                error = unknown_peer_error(n.to, n.ref)
+                await self._notify(n.origin, relay.Deliver(n.sender, self.replica_id, None, "", error))
+        elif isinstance(n, relay.Evict):
+            self.stats["evicted"] += 1
+            await hub.evict_local(n.peer, n.conn)
+        else:
+            await hub.sweep()
+
+    # -- heartbeat ---------------------------------------------------------------------------------
+
+    async def _set_listening(self, listening: bool) -> None:
+        await self._exec(
+            "UPDATE replicas SET listening = :l, heartbeat_at = now() WHERE id = :me",
+            l=listening,
+            me=self.replica_id,
+        )
+
+    async def _beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(HEARTBEAT_S)
+            try:
+                await self.beat()
+            except Exception:  # the database is away: unhealthy until a beat gets through
+                logger.warning("replica %s cannot beat", self.replica_id, exc_info=True)
+
+    async def beat(self) -> None:
+        """One heartbeat: say this replica lives, rejoin if it was reaped, reap the dead."""
+        async with self.engine.begin() as c:
+            alive = await c.execute(
+                text("UPDATE replicas SET heartbeat_at = now(), listening = :l WHERE id = :me"),
+                {"l": self.listener.listening, "me": self.replica_id},
+            )
+            rejoined = alive.rowcount == 0  # type: ignore[attr-defined]
+            if rejoined:
+                await c.execute(
+                    text("INSERT INTO replicas (id, listening) VALUES (:me, :l)"),
+                    {"l": self.listener.listening, "me": self.replica_id},
+                )
+            await c.execute(
+                text("DELETE FROM replicas WHERE heartbeat_at < now() - make_interval(secs => :reap)"),
+                {"reap": REAP_AFTER_S},
+            )
+            await c.execute(
+                text("DELETE FROM signal_frames WHERE created_at < now() - make_interval(secs => :ttl)"),
+                {"ttl": FRAME_TTL_S},
+            )
+        self._last_beat = time.monotonic()
+        if rejoined and self._hub is not None:
+            logger.warning("replica %s was taken for dead; claiming its peers again", self.replica_id)
+            for peer_id, conn in self._hub.local_peers().items():
+                await self.claim(peer_id, conn)
+
+    async def _exec(self, sql: str, **params: object) -> None:
+        async with self.engine.begin() as c:
+            await c.execute(text(sql), params)
+
+
+def unknown_peer_error(peer_id: str, ref: int) -> str:
+    return sp.encode(sp.Error(code="unknown_peer", message=f"peer {peer_id[:12]} went away", ref=ref))

@@ -1,0 +1,310 @@
+"""Signaling across coordinator replicas sharing one PostgreSQL: real coordinators (aiohttp servers on
+loopback, each with its own services), real signaling clients, real LISTEN/NOTIFY, and a replica in
+its own process killed with SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from sqlalchemy import text
+
+from coordinator.app import RunningCoordinator, start_full
+from coordinator.db.session import make_engine
+from coordinator.migrations import migrate
+from coordinator.presence import DEAD_AFTER_S
+from coordinator.relay import MAX_NOTIFY_BYTES
+from coordinator.services import open_services
+from engine.p2p import signaling_protocol as sp
+from engine.p2p.descriptions import new_session_id, sign_description
+from engine.p2p.identity import Identity
+from engine.p2p.signaling import SignalingClient
+from tests.dbs import POSTGRES_URL
+
+from .accounts_helpers import volunteer_with_host
+from .replica_process import replica_config
+
+WAIT_S = 30.0
+
+
+async def until(predicate: Callable[[], bool], timeout: float = WAIT_S) -> None:
+    async with asyncio.timeout(timeout):
+        while not predicate():
+            await asyncio.sleep(0.05)
+
+
+class Peer:
+    def __init__(self, identity: Identity, token: str) -> None:
+        self.identity = identity
+        self.token = token
+        self.inbox: list[sp.Signal] = []
+        self.errors: list[sp.Error] = []
+        self.client: SignalingClient | None = None
+
+    @property
+    def id(self) -> str:
+        return self.identity.peer_id
+
+    async def join(self, url: str) -> None:
+        self.client = SignalingClient(
+            url, self.identity, self.inbox.append, connect_timeout=10.0, max_backoff=1.0, token=self.token
+        )
+        await self.client.connect()
+
+    async def leave(self) -> None:
+        if self.client is not None:
+            await self.client.close()
+            self.client = None
+
+    async def offer(self, to: Peer, sdp: str = "v=0") -> int:
+        assert self.client is not None
+        desc = sign_description(self.identity, "offer", sdp, to.id, new_session_id())
+        return await self.client.send(to.id, desc, on_error=self.errors.append)
+
+    def got_from(self, sender: Peer) -> list[sp.Signal]:
+        return [s for s in self.inbox if s.sender == sender.id]
+
+
+class Cluster:
+    def __init__(self, schema: str, tmp_path: Path) -> None:
+        self.schema = schema
+        self.key_path = str(tmp_path / "token.key")
+        self.exports = str(tmp_path / "exports")
+        self.replicas: list[RunningCoordinator] = []
+        self.processes: list[asyncio.subprocess.Process] = []
+        self.peers: list[Peer] = []
+
+    async def start(self) -> RunningCoordinator:
+        config = replica_config(POSTGRES_URL, self.key_path, self.exports)
+        services = await open_services(config, search_path=self.schema, run_migrations=False)
+        running = await start_full(config, services)
+        self.replicas.append(running)
+        return running
+
+    async def spawn(self) -> tuple[asyncio.subprocess.Process, str]:
+        """A replica in a child process; returns it and its signaling URL."""
+        args = [POSTGRES_URL, self.schema, self.key_path, self.exports]
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "tests.coordinator.replica_process", *args, stdout=asyncio.subprocess.PIPE
+        )
+        self.processes.append(proc)
+        assert proc.stdout is not None
+        async with asyncio.timeout(120):
+            line = (await proc.stdout.readline()).decode()
+        assert line.startswith("port "), line
+        return proc, f"ws://127.0.0.1:{int(line.split()[1])}/ws/signal"
+
+    async def peer(self, name: str) -> Peer:
+        _, token, identity = await volunteer_with_host(self.replicas[0].services, name)
+        peer = Peer(identity, token)
+        self.peers.append(peer)
+        return peer
+
+    async def listed(self, replica: RunningCoordinator, token: str) -> list[str]:
+        """``GET /api/peers`` on ``replica``: what every client of it sees."""
+        async with aiohttp.ClientSession() as http:
+            r = await http.get(f"{replica.url}/api/peers", headers={"Authorization": f"Bearer {token}"})
+            assert r.status == 200, await r.text()
+            online: list[str] = (await r.json())["online"]
+            return online
+
+    async def close(self) -> None:
+        for peer in self.peers:
+            await peer.leave()
+        for running in self.replicas:
+            await running.stop()
+        for proc in self.processes:
+            if proc.returncode is None:
+                proc.kill()
+            await proc.wait()
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[Cluster]:
+    schema = f"r_{uuid.uuid4().hex[:12]}"
+    admin = make_engine(POSTGRES_URL)
+    async with admin.begin() as conn:
+        await conn.execute(text(f"CREATE SCHEMA {schema}"))
+    await migrate(POSTGRES_URL, search_path=schema)
+    c = Cluster(schema, tmp_path)
+    try:
+        yield c
+    finally:
+        await c.close()
+        async with admin.begin() as conn:
+            await conn.execute(text(f"DROP SCHEMA {schema} CASCADE"))
+        await admin.dispose()
+
+
+async def test_offer_to_a_peer_on_another_replica_gets_the_answer(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    assert a.hub.group is not None and b.hub.group is not None  # PostgreSQL: a group without a flag
+    assert a.hub.group.replica_id != b.hub.group.replica_id
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(b.signaling_url)
+    await ada.offer(bob)
+    await until(lambda: len(bob.got_from(ada)) == 1)
+    offer = bob.got_from(ada)[0]
+    assert offer.description.type == "offer" and offer.to == bob.id
+    assert bob.client is not None
+    answer = sign_description(bob.identity, "answer", "v=0", ada.id, offer.description.session)
+    await bob.client.send(ada.id, answer, on_error=bob.errors.append)
+    await until(lambda: len(ada.got_from(bob)) == 1)
+    assert ada.got_from(bob)[0].description == answer
+    assert not ada.errors and not bob.errors
+    # The same signed offer again is still suppressed, and a peer online nowhere is still an error.
+    assert ada.client is not None
+    replay = offer.description
+    await ada.client.send(bob.id, replay, on_error=ada.errors.append)
+    nobody = Peer(Identity.generate(), "")
+    ref = await ada.offer(nobody)
+    await until(lambda: len(ada.errors) == 1)
+    assert ada.errors[0].code == "unknown_peer" and ada.errors[0].ref == ref
+    assert len(bob.got_from(ada)) == 1
+
+
+async def test_every_replica_lists_the_peers_of_all(cluster: Cluster) -> None:
+    replicas = [await cluster.start() for _ in range(3)]
+    peers = [await cluster.peer(name) for name in ("ada", "bob", "cyd")]
+    for peer, replica in zip(peers, replicas, strict=True):
+        await peer.join(replica.signaling_url)
+    everyone = sorted(p.id for p in peers)
+    for replica in replicas:
+        assert await cluster.listed(replica, peers[0].token) == everyone
+        assert await replica.hub.online_all() == everyone
+        assert len(replica.hub.online()) == 1  # each holds one socket itself
+    await peers[1].leave()
+    await until(lambda: peers[1].id not in replicas[0].hub.peers)
+    for replica in replicas:
+        async with asyncio.timeout(WAIT_S):
+            while peers[1].id in await replica.hub.online_all():
+                await asyncio.sleep(0.05)
+
+
+async def test_a_killed_replica_stops_being_listed_and_its_peers_come_back_elsewhere(
+    cluster: Cluster,
+) -> None:
+    survivor = await cluster.start()
+    proc, doomed_url = await cluster.spawn()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(survivor.signaling_url)
+    await bob.join(doomed_url)
+    assert sorted(await cluster.listed(survivor, ada.token)) == sorted([ada.id, bob.id])
+    await ada.offer(bob)  # relayed into the child process...
+    await until(lambda: len(bob.got_from(ada)) == 1)
+
+    proc.send_signal(signal.SIGKILL)  # ...which dies without a word to anyone
+    await proc.wait()
+    await bob.leave()  # its client would retry the dead address; this one goes elsewhere below
+    loop = asyncio.get_running_loop()
+    killed_at = loop.time()
+    async with asyncio.timeout(WAIT_S):
+        while bob.id in await cluster.listed(survivor, ada.token):
+            await asyncio.sleep(0.1)
+    gone_after = loop.time() - killed_at
+    # Unlisted by the heartbeat's age, not by any cleanup: the dead replica's row is still there.
+    async with survivor.services.sessions() as s:
+        rows = (
+            await s.execute(text("SELECT count(*) FROM presence WHERE peer_id = :p"), {"p": bob.id})
+        ).scalar()
+    assert rows == 1
+    print(f"unlisted {gone_after:.1f} s after the kill (bound {DEAD_AFTER_S} s after the last heartbeat)")
+    # Meanwhile an offer to it is refused at once, not lost.
+    await ada.offer(bob)
+    await until(lambda: len(ada.errors) == 1)
+    assert ada.errors[0].code == "unknown_peer"
+
+    await bob.join(survivor.signaling_url)  # through the proxy, it would land on a live replica
+    assert bob.id in await cluster.listed(survivor, ada.token)
+    await ada.offer(bob)
+    await until(lambda: len(bob.got_from(ada)) == 2)
+
+
+async def test_reconnecting_to_another_replica_replaces_the_old_socket(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(a.signaling_url)
+    old = bob.client
+    assert old is not None
+    bob.client = None
+    await bob.join(b.signaling_url)  # the same key, a newer socket, another replica
+    await until(lambda: bob.id not in a.hub.peers)  # replica a closed its stale socket
+    assert bob.id in b.hub.peers
+    await old.close()
+    await asyncio.sleep(0.5)  # the old socket's goodbye must not remove the new presence
+    assert bob.id in await a.hub.online_all()
+    await ada.offer(bob)
+    await until(lambda: len(bob.got_from(ada)) == 1)
+    assert a.hub.group is not None and a.hub.group.stats["forwarded"] == 1
+
+
+async def test_a_frame_over_the_notify_limit_arrives_whole(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(b.signaling_url)
+    sdp = "v=0\r\n" + "".join(f"a=x-filler:{i:05d}{'z' * 40}\r\n" for i in range(250))
+    assert len(sdp) > MAX_NOTIFY_BYTES
+    await ada.offer(bob, sdp)
+    await until(lambda: len(bob.got_from(ada)) == 1)
+    assert bob.got_from(ada)[0].description.sdp == sdp
+    assert a.hub.group is not None and a.hub.group.stats["stored"] == 1
+    async with a.services.sessions() as s:  # read once, then gone
+        assert (await s.execute(text("SELECT count(*) FROM signal_frames"))).scalar() == 0
+
+
+async def test_a_lost_listener_reconnects_and_relaying_resumes(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(b.signaling_url)
+    group = b.hub.group
+    assert group is not None and b.hub.healthy()
+    pid = group.listener.backend_pid
+    async with a.services.sessions() as s, s.begin():
+        assert (await s.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})).scalar()
+    await until(lambda: group.listener.reconnects == 1 and b.hub.healthy())
+    assert group.listener.backend_pid != pid
+    await ada.offer(bob)
+    await until(lambda: len(bob.got_from(ada)) + len(ada.errors) >= 1)
+    assert len(bob.got_from(ada)) == 1, ada.errors
+
+
+async def test_real_webrtc_connection_signaled_through_two_replicas(cluster: Cluster) -> None:
+    from engine.p2p import CallContext, Handlers, LinkConfig
+    from engine.p2p import Peer as Node
+    from engine.p2p.patches import pin_host_addresses
+    from engine.wire import Kind, Message
+
+    pin_host_addresses(["127.0.0.1"])
+    a, b = await cluster.start(), await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    handlers = Handlers()
+
+    async def echo(msg: Message, ctx: CallContext) -> Message:
+        return Message(Kind.RESPONSE, 0, fields={"from": ctx.peer_id, **msg.fields})
+
+    handlers.add_unary("echo", echo)
+    config = LinkConfig(connect_timeout=20)
+    server = Node(bob.identity, b.signaling_url, handlers=handlers, config=config, token=bob.token)
+    client = Node(ada.identity, a.signaling_url, config=config, token=ada.token)
+    await server.start()
+    await client.start()
+    try:
+        reply = await client.call(bob.id, "echo", {"k": "v"}, timeout=30)
+        assert reply.fields == {"from": ada.id, "k": "v"}
+    finally:
+        await client.stop()
+        await server.stop()
+    ga, gb = a.hub.group, b.hub.group
+    assert ga is not None and gb is not None
+    assert ga.stats["forwarded"] >= 1 and gb.stats["forwarded"] >= 1  # the offer one way, the answer back
+    print(f"largest relayed notification: {max(ga.stats['largest'], gb.stats['largest'])} bytes")

@@ -164,6 +164,7 @@ class SignalingHub:
     address_of: Callable[[web.Request], str] | None = None
     group: ReplicaGroup | None = None
     _conns: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # peer id -> conn
+    _closing: bool = field(default=False, init=False, repr=False)
     _sweeper: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -289,7 +290,7 @@ class SignalingHub:
             if self.peers.get(peer_id) is ws:
                 del self.peers[peer_id]
                 self._conns.pop(peer_id, None)
-            if self.group is not None:
+            if self.group is not None and not self._closing:  # closing: the replica's row takes them all
                 try:  # only this socket's row: a newer one elsewhere keeps its own
                     await self.group.release(peer_id, conn)
                 except Exception:  # the row dies with this replica's heartbeat, or the next claim
@@ -418,6 +419,7 @@ class SignalingHub:
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self._closing = True
         sockets = list(self.peers.values())
         self.peers.clear()
         self._conns.clear()

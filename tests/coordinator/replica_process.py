@@ -9,20 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig
 from coordinator.services import open_services
 
 
-def replica_config(url: str, key_path: str, exports_dir: str) -> CoordinatorConfig:
+def replica_config(url: str, key_path: str, exports_dir: str, **overrides: Any) -> CoordinatorConfig:
+    settings: dict[str, Any] = {"verify_workers": 0, "max_ws_per_ip": 1000, **overrides}
     return CoordinatorConfig(
-        port=0,
-        database_url=url,
-        token_key_path=key_path,
-        verify_workers=0,
-        exports_dir=exports_dir,
-        max_ws_per_ip=1000,
+        port=0, database_url=url, token_key_path=key_path, exports_dir=exports_dir, **settings
     )
 
 

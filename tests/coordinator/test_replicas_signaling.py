@@ -10,6 +10,7 @@ import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -80,8 +81,8 @@ class Cluster:
         self.processes: list[asyncio.subprocess.Process] = []
         self.peers: list[Peer] = []
 
-    async def start(self) -> RunningCoordinator:
-        config = replica_config(POSTGRES_URL, self.key_path, self.exports)
+    async def start(self, **overrides: Any) -> RunningCoordinator:
+        config = replica_config(POSTGRES_URL, self.key_path, self.exports, **overrides)
         services = await open_services(config, search_path=self.schema, run_migrations=False)
         running = await start_full(config, services)
         self.replicas.append(running)
@@ -308,3 +309,44 @@ async def test_real_webrtc_connection_signaled_through_two_replicas(cluster: Clu
     assert ga is not None and gb is not None
     assert ga.stats["forwarded"] >= 1 and gb.stats["forwarded"] >= 1  # the offer one way, the answer back
     print(f"largest relayed notification: {max(ga.stats['largest'], gb.stats['largest'])} bytes")
+
+
+async def test_offer_limits_and_errors_hold_across_replicas(cluster: Cluster) -> None:
+    a = await cluster.start(offer_burst=3, offers_per_minute=1)
+    b = await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(b.signaling_url)
+    refs = [await ada.offer(bob) for _ in range(5)]
+    await until(lambda: len(bob.got_from(ada)) == 3 and len(ada.errors) == 2)
+    assert [e.code for e in ada.errors] == ["rate_limited"] * 2
+    assert {e.ref for e in ada.errors} == set(refs[3:])
+    # A presence row whose socket is gone (its release never reached the database): the replica
+    # named in it answers the sender, through the sender's replica, instead of dropping the offer.
+    ghost = Peer(Identity.generate(), "")
+    assert b.hub.group is not None
+    async with a.services.sessions() as s, s.begin():
+        await s.execute(
+            text("INSERT INTO presence (peer_id, replica_id, conn) VALUES (:p, :r, 'gone')"),
+            {"p": ghost.id, "r": b.hub.group.replica_id},
+        )
+    assert ghost.id in await a.hub.online_all()
+    b_only = await cluster.start()  # a sender whose bucket is not spent
+    cyd = await cluster.peer("cyd")
+    await cyd.join(b_only.signaling_url)
+    ref = await cyd.offer(ghost)
+    await until(lambda: len(cyd.errors) == 1)
+    assert (cyd.errors[0].code, cyd.errors[0].ref) == ("unknown_peer", ref)
+    assert b.hub.group.stats["bounced"] == 1
+
+
+async def test_disabling_on_one_replica_closes_the_socket_on_another_at_once(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    b.hub.recheck_s = 3600.0  # so only the request from a can close it within the test
+    bob = await cluster.peer("bob")
+    await bob.join(b.signaling_url)
+    await until(lambda: bob.id in b.hub.peers)
+    await a.services.accounts.set_disabled("bob", True, by=None)
+    await a.hub.sweep_everywhere()
+    await until(lambda: bob.id not in b.hub.peers)
+    assert bob.id not in await a.hub.online_all()

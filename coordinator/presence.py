@@ -145,36 +145,35 @@ class ReplicaGroup:
             await self._notify(old[0], relay.Evict(peer_id, old[1]))
 
     async def _claim(self, peer_id: str, conn: str) -> tuple[str, str] | None:
-        async with self.engine.begin() as c:
+        """On the relay's pool too: every joining socket claims, so a failover's burst of joins
+        pays one pool round trip per statement, not SQLAlchemy's."""
+        async with self._relay_pool().acquire() as c, c.transaction():
             for _ in range(3):
                 # UPDATE first (it locks the row, so two claims of one peer are ordered), then INSERT.
-                row = (
-                    await c.execute(
-                        text(
-                            "UPDATE presence SET replica_id = :me, conn = :conn, since = now() "
-                            "FROM (SELECT peer_id, replica_id, conn FROM presence WHERE peer_id = :peer "
-                            "FOR UPDATE) AS old WHERE presence.peer_id = old.peer_id "
-                            "RETURNING old.replica_id, old.conn"
-                        ),
-                        {"me": self.replica_id, "conn": conn, "peer": peer_id},
-                    )
-                ).first()
+                row = await c.fetchrow(
+                    "UPDATE presence SET replica_id = $2, conn = $3, since = now() "
+                    "FROM (SELECT peer_id, replica_id, conn FROM presence WHERE peer_id = $1 FOR UPDATE) "
+                    "AS old WHERE presence.peer_id = old.peer_id RETURNING old.replica_id, old.conn",
+                    peer_id,
+                    self.replica_id,
+                    conn,
+                )
                 if row is not None:
                     return (row[0], row[1])
-                inserted = await c.execute(
-                    text(
-                        "INSERT INTO presence (peer_id, replica_id, conn) VALUES (:peer, :me, :conn) "
-                        "ON CONFLICT (peer_id) DO NOTHING"
-                    ),
-                    {"me": self.replica_id, "conn": conn, "peer": peer_id},
+                status = await c.execute(
+                    "INSERT INTO presence (peer_id, replica_id, conn) VALUES ($1, $2, $3) "
+                    "ON CONFLICT (peer_id) DO NOTHING",
+                    peer_id,
+                    self.replica_id,
+                    conn,
                 )
-                if inserted.rowcount == 1:  # type: ignore[attr-defined]
+                if status == "INSERT 0 1":
                     return None
         raise relay.RelayError(f"cannot claim presence of {peer_id[:12]}")
 
     async def release(self, peer_id: str, conn: str) -> None:
-        await self._exec(
-            "DELETE FROM presence WHERE peer_id = :peer AND conn = :conn", peer=peer_id, conn=conn
+        await self._relay_pool().execute(
+            "DELETE FROM presence WHERE peer_id = $1 AND conn = $2", peer_id, conn
         )
 
     async def online(self) -> list[str]:

@@ -350,3 +350,17 @@ async def test_disabling_on_one_replica_closes_the_socket_on_another_at_once(clu
     await a.hub.sweep_everywhere()
     await until(lambda: bob.id not in b.hub.peers)
     assert bob.id not in await a.hub.online_all()
+
+
+async def test_concurrent_claims_of_one_peer_leave_exactly_one_row(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    groups = [a.hub.group, b.hub.group]
+    assert groups[0] is not None and groups[1] is not None
+    peer, conns = "e" * 40, [f"conn{i}" for i in range(40)]
+    await asyncio.gather(*(groups[i % 2].claim(peer, conn) for i, conn in enumerate(conns)))  # type: ignore[union-attr]
+    async with a.services.sessions() as s:
+        rows = (
+            await s.execute(text("SELECT replica_id, conn FROM presence WHERE peer_id = :p"), {"p": peer})
+        ).all()
+    assert len(rows) == 1 and rows[0][1] in conns
+    assert rows[0][0] == groups[conns.index(rows[0][1]) % 2].replica_id  # type: ignore[union-attr]

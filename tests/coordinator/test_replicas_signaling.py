@@ -364,3 +364,24 @@ async def test_concurrent_claims_of_one_peer_leave_exactly_one_row(cluster: Clus
         ).all()
     assert len(rows) == 1 and rows[0][1] in conns
     assert rows[0][0] == groups[conns.index(rows[0][1]) % 2].replica_id  # type: ignore[union-attr]
+
+
+async def test_on_sqlite_the_coordinator_stays_one_process(tmp_path: Path) -> None:
+    config = replica_config(
+        f"sqlite+aiosqlite:///{tmp_path / 'c.sqlite3'}", str(tmp_path / "token.key"), str(tmp_path / "e")
+    )
+    running = await start_full(config)
+    try:
+        assert running.hub.group is None and running.hub.healthy()
+        _, token, identity = await volunteer_with_host(running.services, "ada")
+        peer = Peer(identity, token)
+        await peer.join(running.signaling_url)
+        try:
+            assert await running.hub.online_all() == [peer.id]
+            async with running.services.sessions() as s:  # nothing written for presence
+                assert (await s.execute(text("SELECT count(*) FROM presence"))).scalar() == 0
+                assert (await s.execute(text("SELECT count(*) FROM replicas"))).scalar() == 0
+        finally:
+            await peer.leave()
+    finally:
+        await running.stop()

@@ -58,6 +58,7 @@ _LOCATE = (
     "WHERE p.peer_id = $1 AND r.listening AND r.heartbeat_at > now() - make_interval(secs => $2)"
 )
 RELAY_POOL_SIZE = 8
+MAX_HANDLING = 4096  # notifications being handled at once (delivering to sockets)
 
 
 class LocalPeers(Protocol):
@@ -97,6 +98,7 @@ class ReplicaGroup:
             self._set_listening,
         )
         self._hub: LocalPeers | None = None
+        self._handling: set[asyncio.Task[None]] = set()
         self._pool: Any = None  # asyncpg.Pool: the relay's statements, in the engine's search_path
         self._beat: asyncio.Task[None] | None = None
         self._last_beat = -1e9
@@ -125,6 +127,9 @@ class ReplicaGroup:
             await asyncio.gather(self._beat, return_exceptions=True)
             self._beat = None
         await self.listener.stop()
+        for task in list(self._handling):
+            task.cancel()
+        await asyncio.gather(*self._handling, return_exceptions=True)
         if self._pool is not None:
             await self._pool.close()
             self._pool = None
@@ -247,7 +252,22 @@ class ReplicaGroup:
         return self._pool
 
     async def _on_payload(self, payload: str) -> None:
+        """Each notification in a task of its own: one slow recipient's socket (a full send buffer)
+        must not hold up every relay into this replica behind it."""
         n = relay.decode(payload)
+        if len(self._handling) >= MAX_HANDLING:
+            await self._handle(n)  # that many in flight: the listener's queue waits instead
+            return
+        task = asyncio.create_task(self._handle(n))
+        self._handling.add(task)
+        task.add_done_callback(self._handled)
+
+    def _handled(self, task: asyncio.Task[None]) -> None:
+        self._handling.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("cannot handle a relayed notification", exc_info=task.exception())
+
+    async def _handle(self, n: relay.Notification) -> None:
         hub = self._hub
         assert hub is not None
         if isinstance(n, relay.Stored):

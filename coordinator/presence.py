@@ -50,7 +50,6 @@ DEAD_AFTER_S = 6.0
 REAP_AFTER_S = 60.0
 FRAME_TTL_S = 60.0  # a stored frame nobody read (its replica died) is deleted after this
 
-_FRESH = "r.heartbeat_at > now() - make_interval(secs => :dead)"
 _CHANNEL = f"'{relay.CHANNEL_PREFIX}' || r.id"  # the replica's channel, in SQL
 # A peer's replica if it is live and listening (asyncpg's numbered parameters: peer id, DEAD_AFTER_S).
 _LOCATE = (
@@ -91,8 +90,9 @@ class ReplicaGroup:
             raise relay.RelayError("replicas need PostgreSQL")
         self.engine = engine
         self.replica_id = replica_id or new_replica_id()
+        self.dsn = relay.asyncpg_dsn(engine.url.render_as_string(hide_password=False))
         self.listener = relay.Listener(
-            relay.asyncpg_dsn(engine.url.render_as_string(hide_password=False)),
+            self.dsn,
             relay.channel_of(self.replica_id),
             self._on_payload,
             self._set_listening,
@@ -107,16 +107,18 @@ class ReplicaGroup:
 
     async def start(self, hub: LocalPeers) -> None:
         self._hub = hub
-        await self._exec("INSERT INTO replicas (id, listening) VALUES (:me, false)", me=self.replica_id)
-        self._last_beat = time.monotonic()
         async with self.engine.connect() as c:
             search_path = (await c.execute(text("SHOW search_path"))).scalar_one()
+        # The group's own pool (heartbeats included): a request load that holds every connection of
+        # the app's pool must not delay a heartbeat past DEAD_AFTER_S.
         self._pool = await asyncpg.create_pool(
-            self.listener.dsn,
+            self.dsn,
             min_size=1,
             max_size=RELAY_POOL_SIZE,
             server_settings={"search_path": search_path},
         )
+        await self._pool.execute("INSERT INTO replicas (id, listening) VALUES ($1, false)", self.replica_id)
+        self._last_beat = time.monotonic()
         await self.listener.start()
         self._beat = asyncio.create_task(self._beat_forever(), name=f"replica-heartbeat-{self.replica_id}")
 
@@ -130,13 +132,14 @@ class ReplicaGroup:
         for task in list(self._handling):
             task.cancel()
         await asyncio.gather(*self._handling, return_exceptions=True)
-        if self._pool is not None:
-            await self._pool.close()
-            self._pool = None
+        if self._pool is None:
+            return
         try:
-            await self._exec("DELETE FROM replicas WHERE id = :me", me=self.replica_id)
+            await self._pool.execute("DELETE FROM replicas WHERE id = $1", self.replica_id)
         except Exception:  # the database is away: the others will reap the row
             logger.warning("cannot remove replica %s", self.replica_id)
+        await self._pool.close()
+        self._pool = None
 
     def healthy(self) -> bool:
         return self.listener.listening and time.monotonic() - self._last_beat < DEAD_AFTER_S
@@ -183,15 +186,12 @@ class ReplicaGroup:
 
     async def online(self) -> list[str]:
         """Every peer on a live replica of the group, sorted."""
-        async with self.engine.connect() as c:
-            rows = await c.execute(
-                text(
-                    f"SELECT p.peer_id FROM presence p JOIN replicas r ON r.id = p.replica_id "
-                    f"WHERE {_FRESH} ORDER BY p.peer_id"
-                ),
-                {"dead": DEAD_AFTER_S},
-            )
-            return [r[0] for r in rows]
+        rows = await self._relay_pool().fetch(
+            "SELECT p.peer_id FROM presence p JOIN replicas r ON r.id = p.replica_id "
+            "WHERE r.heartbeat_at > now() - make_interval(secs => $1) ORDER BY p.peer_id",
+            DEAD_AFTER_S,
+        )
+        return [r[0] for r in rows]
 
     # -- relaying ----------------------------------------------------------------------------------
 
@@ -221,10 +221,11 @@ class ReplicaGroup:
 
     async def request_sweep(self) -> None:
         """Ask every other live replica to recheck its peers now."""
-        await self._exec(
-            f"SELECT pg_notify({_CHANNEL}, 's') FROM replicas r WHERE r.id <> :me AND {_FRESH}",
-            me=self.replica_id,
-            dead=DEAD_AFTER_S,
+        await self._relay_pool().execute(
+            f"SELECT pg_notify({_CHANNEL}, 's') FROM replicas r "
+            "WHERE r.id <> $1 AND r.heartbeat_at > now() - make_interval(secs => $2)",
+            self.replica_id,
+            DEAD_AFTER_S,
         )
 
     async def _notify(self, replica_id: str, n: relay.Notification) -> None:
@@ -296,10 +297,10 @@ class ReplicaGroup:
     # -- heartbeat ---------------------------------------------------------------------------------
 
     async def _set_listening(self, listening: bool) -> None:
-        await self._exec(
-            "UPDATE replicas SET listening = :l, heartbeat_at = now() WHERE id = :me",
-            l=listening,
-            me=self.replica_id,
+        await self._relay_pool().execute(
+            "UPDATE replicas SET listening = $2, heartbeat_at = now() WHERE id = $1",
+            self.replica_id,
+            listening,
         )
 
     async def _beat_forever(self) -> None:
@@ -312,34 +313,29 @@ class ReplicaGroup:
 
     async def beat(self) -> None:
         """One heartbeat: say this replica lives, rejoin if it was reaped, reap the dead."""
-        async with self.engine.begin() as c:
-            alive = await c.execute(
-                text("UPDATE replicas SET heartbeat_at = now(), listening = :l WHERE id = :me"),
-                {"l": self.listener.listening, "me": self.replica_id},
+        listening = self.listener.listening
+        async with self._relay_pool().acquire() as c, c.transaction():
+            status = await c.execute(
+                "UPDATE replicas SET heartbeat_at = now(), listening = $2 WHERE id = $1",
+                self.replica_id,
+                listening,
             )
-            rejoined = alive.rowcount == 0  # type: ignore[attr-defined]
+            rejoined = status == "UPDATE 0"
             if rejoined:
                 await c.execute(
-                    text("INSERT INTO replicas (id, listening) VALUES (:me, :l)"),
-                    {"l": self.listener.listening, "me": self.replica_id},
+                    "INSERT INTO replicas (id, listening) VALUES ($1, $2)", self.replica_id, listening
                 )
             await c.execute(
-                text("DELETE FROM replicas WHERE heartbeat_at < now() - make_interval(secs => :reap)"),
-                {"reap": REAP_AFTER_S},
+                "DELETE FROM replicas WHERE heartbeat_at < now() - make_interval(secs => $1)", REAP_AFTER_S
             )
             await c.execute(
-                text("DELETE FROM signal_frames WHERE created_at < now() - make_interval(secs => :ttl)"),
-                {"ttl": FRAME_TTL_S},
+                "DELETE FROM signal_frames WHERE created_at < now() - make_interval(secs => $1)", FRAME_TTL_S
             )
         self._last_beat = time.monotonic()
         if rejoined and self._hub is not None:
             logger.warning("replica %s was taken for dead; claiming its peers again", self.replica_id)
             for peer_id, conn in self._hub.local_peers().items():
                 await self.claim(peer_id, conn)
-
-    async def _exec(self, sql: str, **params: object) -> None:
-        async with self.engine.begin() as c:
-            await c.execute(text(sql), params)
 
 
 def unknown_peer_error(peer_id: str, ref: int) -> str:

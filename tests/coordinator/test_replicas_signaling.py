@@ -385,3 +385,20 @@ async def test_on_sqlite_the_coordinator_stays_one_process(tmp_path: Path) -> No
             await peer.leave()
     finally:
         await running.stop()
+
+
+async def test_a_replica_taken_for_dead_rejoins_and_claims_its_peers_again(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    ada, bob = await cluster.peer("ada"), await cluster.peer("bob")
+    await ada.join(a.signaling_url)
+    await bob.join(b.signaling_url)
+    assert a.hub.group is not None
+    # As another replica reaps a row whose heartbeat is too old (a stalled process): its peers' rows go.
+    async with b.services.sessions() as s, s.begin():
+        await s.execute(text("DELETE FROM replicas WHERE id = :r"), {"r": a.hub.group.replica_id})
+    assert ada.id not in await b.hub.online_all()
+    async with asyncio.timeout(WAIT_S):  # its next heartbeat writes the row and the claims again
+        while ada.id not in await b.hub.online_all():
+            await asyncio.sleep(0.1)
+    await bob.offer(ada)
+    await until(lambda: len(ada.got_from(bob)) == 1)

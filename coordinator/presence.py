@@ -57,6 +57,7 @@ _LOCATE = (
     "WHERE p.peer_id = $1 AND r.listening AND r.heartbeat_at > now() - make_interval(secs => $2)"
 )
 RELAY_POOL_SIZE = 8
+RELAY_POOL_MIN = 4
 MAX_HANDLING = 4096  # notifications being handled at once (delivering to sockets)
 
 
@@ -113,7 +114,7 @@ class ReplicaGroup:
         # the app's pool must not delay a heartbeat past DEAD_AFTER_S.
         self._pool = await asyncpg.create_pool(
             self.dsn,
-            min_size=1,
+            min_size=RELAY_POOL_MIN,  # open before a burst needs them: a connect costs ~10-20 ms
             max_size=RELAY_POOL_SIZE,
             server_settings={"search_path": search_path},
         )

@@ -121,3 +121,53 @@ async def test_listener_away_means_unhealthy_and_not_listening(
     finally:
         await group.stop()
         await engine.dispose()
+
+
+async def test_database_out_of_reach_means_clear_errors_not_silence(
+    cluster: Cluster,  # noqa: F811
+    forwarder: Forwarder,
+) -> None:
+    """The replica's whole link to PostgreSQL (pool and listener) goes through the forwarder: cut, a
+    signal for a peer elsewhere gets Error(unavailable), and a new socket is refused with it."""
+    from aiohttp.test_utils import TestServer
+
+    from coordinator.app import create_app
+    from engine.p2p import signaling_protocol as sp
+    from engine.p2p.descriptions import new_session_id, sign_description
+    from engine.p2p.identity import Identity
+    from engine.p2p.signaling import SignalingClient, SignalingRefused
+
+    engine = make_engine(POSTGRES_URL, search_path=cluster.schema)
+    url = make_url(POSTGRES_URL)
+    group = ReplicaGroup(engine)
+    group.dsn = group.listener.dsn = (
+        f"postgresql://{url.username}:{url.password}@127.0.0.1:{forwarder.port}/{url.database}"
+    )
+    hub = SignalingHub(group=group)
+    await group.start(hub)
+    server = TestServer(create_app(hub=hub))
+    await server.start_server()
+    signal_url = str(server.make_url("/ws/signal"))
+    ada = Identity.generate()
+    errors: list[sp.Error] = []
+    client = SignalingClient(signal_url, ada, lambda _: None, connect_timeout=10.0)
+    try:
+        await client.connect()
+        await forwarder.cut()
+        elsewhere = Identity.generate().peer_id
+        desc = sign_description(ada, "offer", "v=0", elsewhere, new_session_id())
+        ref = await client.send(elsewhere, desc, on_error=errors.append)
+        await until(lambda: len(errors) == 1)
+        assert (errors[0].code, errors[0].ref) == ("unavailable", ref)
+        late = SignalingClient(signal_url, Identity.generate(), lambda _: None, connect_timeout=10.0)
+        with pytest.raises(SignalingRefused) as refused:
+            await late.connect()
+        await late.close()
+        assert refused.value.code == "unavailable"
+        await until(lambda: not hub.healthy())
+    finally:
+        await client.close()
+        await server.close()
+        await forwarder.serve()  # let the group leave cleanly
+        await group.stop()
+        await engine.dispose()

@@ -57,7 +57,7 @@ _LOCATE = (
     "WHERE p.peer_id = $1 AND r.listening AND r.heartbeat_at > now() - make_interval(secs => $2)"
 )
 RELAY_POOL_SIZE = 8
-RELAY_POOL_MIN = 4
+RELAY_POOL_MIN = 2
 MAX_HANDLING = 4096  # notifications being handled at once (delivering to sockets)
 
 

@@ -402,3 +402,19 @@ async def test_a_replica_taken_for_dead_rejoins_and_claims_its_peers_again(clust
             await asyncio.sleep(0.1)
     await bob.offer(ada)
     await until(lambda: len(ada.got_from(bob)) == 1)
+
+
+async def test_a_replica_that_stops_cleanly_takes_its_peers_off_the_list_at_once(cluster: Cluster) -> None:
+    a, b = await cluster.start(), await cluster.start()
+    ada = await cluster.peer("ada")
+    await ada.join(a.signaling_url)
+    assert a.hub.group is not None
+    gone = a.hub.group.replica_id
+    assert ada.id in await b.hub.online_all()
+    cluster.replicas.remove(a)
+    await a.stop()  # a restart or a scale-down: no waiting out the heartbeat bound
+    assert ada.id not in await b.hub.online_all()
+    async with b.services.sessions() as s:
+        assert (
+            await s.execute(text("SELECT count(*) FROM replicas WHERE id = :r"), {"r": gone})
+        ).scalar() == 0

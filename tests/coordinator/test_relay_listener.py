@@ -17,7 +17,9 @@ from coordinator.presence import ReplicaGroup
 from coordinator.signaling import SignalingHub
 from tests.dbs import POSTGRES_URL
 
-from .test_replicas_signaling import Cluster, cluster  # noqa: F401  (fixture)
+from .replicas_helpers import Cluster, cluster
+
+__all__ = ["cluster"]  # the fixture
 
 WAIT_S = 30.0
 
@@ -74,7 +76,7 @@ async def forwarder() -> AsyncIterator[Forwarder]:
 
 
 async def test_listener_away_means_unhealthy_and_not_listening(
-    cluster: Cluster,  # noqa: F811
+    cluster: Cluster,
     forwarder: Forwarder,
 ) -> None:
     engine = make_engine(POSTGRES_URL, search_path=cluster.schema)
@@ -124,7 +126,7 @@ async def test_listener_away_means_unhealthy_and_not_listening(
 
 
 async def test_database_out_of_reach_means_clear_errors_not_silence(
-    cluster: Cluster,  # noqa: F811
+    cluster: Cluster,
     forwarder: Forwarder,
 ) -> None:
     """The replica's whole link to PostgreSQL (pool and listener) goes through the forwarder: cut, a

@@ -140,6 +140,12 @@ class Listener:
     ``PING_S``) is reopened with backoff capped at ``MAX_BACKOFF_S``; ``on_state(False)`` is awaited
     as soon as the loss is seen and ``on_state(True)`` once listening again, so the replica can tell
     the others not to relay to it meanwhile. ``listening`` is what a health check reads.
+
+    What was notified to the channel between the loss and its detection is gone (PostgreSQL keeps
+    nothing for a listener that left): at once for a closed or terminated connection, up to
+    ``PING_S + PING_TIMEOUT_S`` for a network that went silent, in which case the replica's
+    heartbeats fail too and the others soon take it for dead. A dial caught in that window times out
+    at its sender, who dials again.
     """
 
     def __init__(self, dsn: str, channel: str, handle: Handler, on_state: StateChange) -> None:

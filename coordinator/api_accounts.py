@@ -260,7 +260,7 @@ async def disable(request: web.Request) -> web.StreamResponse:
     account = await services.accounts.set_disabled(body.name, body.disabled, by=claims.sub)
     hub = request.app.get(HUB_KEY)
     if hub is not None and body.disabled:
-        await hub.sweep()
+        await hub.sweep_everywhere()
     return _json({"account": account.to_json(), "disabled": account.disabled})
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -14,6 +14,7 @@ from . import api_accounts, api_collab, api_ledger, api_swarm, api_trainers, sit
 from .config import CoordinatorConfig
 from .http import error_response
 from .outage import HEALTH_CHECKS, database_check, database_outage, run_checks
+from .presence import ReplicaGroup
 from .receipts import Verifier
 from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
@@ -52,18 +53,18 @@ async def _peers(request: web.Request) -> web.StreamResponse:
         return await _peers_for_accounts(request)
     if request.remote not in ("127.0.0.1", "::1"):
         return error_response(403, "forbidden", "the peer list is served to this machine only")
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
 @api_accounts.json_errors
 async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
     await api_accounts.authenticate(request)
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
-def _peer_list(request: web.Request) -> web.Response:
+async def _peer_list(request: web.Request) -> web.Response:
     hub = request.app[HUB_KEY]
-    return web.json_response({"online": hub.online(), "stats": vars(hub.stats)})
+    return web.json_response({"online": await hub.online_all(), "stats": vars(hub.stats)})
 
 
 async def create_full_app(config: CoordinatorConfig, services: Services | None = None) -> web.Application:
@@ -86,7 +87,12 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     app = create_app(hub=hub)
     app[SERVICES] = services
     app.middlewares.append(database_outage)  # a database that is away: 503, not 500
-    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}  # more checks may join it
+    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}
+
+    async def relay_check() -> bool:  # a replica that cannot relay is taken out of the proxy's rotation
+        return hub.healthy()
+
+    app[HEALTH_CHECKS]["relay"] = relay_check
     # Ed25519 checks hold the GIL: a pool of spawned processes (started on the first big batch)
     # is what lets receipt ingestion use more than one core.
     workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
@@ -97,6 +103,8 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         await services.close()
 
     app.on_cleanup.append(close_services)
+    if services.engine.dialect.name == "postgresql":
+        app.cleanup_ctx.append(_replica_group(hub, services))
     app.cleanup_ctx.append(services.housekeeping)
     api_accounts.setup_routes(app)
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
@@ -113,6 +121,22 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         leader=services.leader,  # with replicas: on one of them at a time
     )
     return app
+
+
+def _replica_group(hub: SignalingHub, services: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    """On PostgreSQL every coordinator is a replica of a group (maybe of one): presence and relaying
+    go through the database, so another process on the same URL joins with no flag at all."""
+
+    async def ctx(_: web.Application) -> AsyncIterator[None]:
+        group = ReplicaGroup(services.engine)
+        await group.start(hub)
+        hub.group = group
+        yield
+        await hub.close_all()  # before the group's rows go: no socket outlives its presence
+        hub.group = None
+        await group.stop()
+
+    return ctx
 
 
 @dataclass

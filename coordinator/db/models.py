@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Text,
     UniqueConstraint,
     func,
 )
@@ -278,3 +279,41 @@ class TrainerWork(Base):
     run_id: Mapped[str] = mapped_column(String(32), default="", nullable=False)
     run_samples: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
     updated_at: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+
+
+class Replica(Base):
+    """A coordinator process of a group sharing one PostgreSQL (``coordinator.presence``).
+
+    ``heartbeat_at`` is the database's clock, never the replica's, so a replica whose clock is off
+    is judged alive or dead like the others; ``listening`` is false while its relay listener is away.
+    """
+
+    __tablename__ = "replicas"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), index=True
+    )
+    listening: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+
+
+class Presence(Base):
+    """Which replica holds a peer's signaling socket; ``conn`` names that one socket."""
+
+    __tablename__ = "presence"
+    peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    replica_id: Mapped[str] = mapped_column(
+        ForeignKey("replicas.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    conn: Mapped[str] = mapped_column(String(32), nullable=False)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class SignalFrame(Base):
+    """A relayed signal too large for a NOTIFY payload: the notification carries this row's id."""
+
+    __tablename__ = "signal_frames"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    replica_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
+    body: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ ROW_1D = 16  # a one-dimensional grid wraps into rows of this many cells
 
 SessionsGetter = Callable[[web.Application], async_sessionmaker[AsyncSession]]
 ConfigGetter = Callable[[web.Application], CoordinatorConfig]
-OnlineGetter = Callable[[web.Application], Sequence[str] | None]
+OnlineGetter = Callable[[web.Application], Sequence[str] | Awaitable[Sequence[str] | None] | None]
 ExportsGetter = Callable[[web.Application], Path]
 log = logging.getLogger(__name__)
 #: Request lines the server accepts (aiohttp's default is 8190 bytes): long enough that an oversized
@@ -79,11 +80,12 @@ def services_config(app: web.Application) -> CoordinatorConfig:
     return app[SERVICES].config
 
 
-def hub_online(app: web.Application) -> Sequence[str] | None:
+async def hub_online(app: web.Application) -> Sequence[str] | None:
+    """Every replica's peers (coordinator.presence), not only this process's."""
     from ..signaling import HUB_KEY
 
     hub = app.get(HUB_KEY)
-    return None if hub is None else hub.online()
+    return None if hub is None else await hub.online_all()
 
 
 def services_database_url(app: web.Application) -> str:
@@ -332,6 +334,8 @@ def to_json(obj: Any) -> Any:
 async def _load_swarm(request: web.Request, top: int = 20) -> queries.Swarm:
     ctx = request.app[SITE]
     online = ctx.get_online(request.app) if ctx.get_online is not None else None
+    if inspect.isawaitable(online):
+        online = await online
     config = ctx.get_config(request.app)
     async with ctx.get_sessions(request.app)() as session:
         return await queries.swarm(session, config.experiments, len(online or ()), ctx.clock(), top)

@@ -170,7 +170,7 @@ async def test_two_replicas_starting_at_once_migrate_once() -> None:
                         {"s": schema},
                     )
                 ).scalar_one()
-            assert versions == ["0006_replica_jobs"]
+            assert versions == ["0007"]  # the newest revision, once
             assert tables > 5
         finally:
             await engine.dispose()

@@ -1,7 +1,7 @@
 """replica jobs: shared rate-limit buckets
 
-Revision ID: 0006_replica_jobs
-Revises: 0008_collab_status
+Revision ID: 0006
+Revises: 0005
 
 Rate limits that must hold across every replica of the coordinator (registrations per address,
 receipts per account) keep their token buckets in ``rate_buckets`` on PostgreSQL, refilled on the
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0006_replica_jobs"
-down_revision: str | None = "0008_collab_status"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

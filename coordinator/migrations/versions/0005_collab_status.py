@@ -1,6 +1,6 @@
 """collaboration status and trainers' work
 
-Revision ID: 0008_collab_status
+Revision ID: 0005
 Revises: 0004
 
 Collaborative trainers report their collaboration's state (``collab_status``, short-lived rows for the
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0008_collab_status"
+revision: str = "0005"
 down_revision: str | None = "0004"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None

@@ -87,12 +87,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     app = create_app(hub=hub)
     app[SERVICES] = services
     app.middlewares.append(database_outage)  # a database that is away: 503, not 500
-    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}
-
-    async def relay_check() -> bool:  # a replica that cannot relay is taken out of the proxy's rotation
-        return hub.healthy()
-
-    app[HEALTH_CHECKS]["relay"] = relay_check
+    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}  # replicas add "relay"
     # Ed25519 checks hold the GIL: a pool of spawned processes (started on the first big batch)
     # is what lets receipt ingestion use more than one core.
     workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
@@ -127,10 +122,14 @@ def _replica_group(hub: SignalingHub, services: Services) -> Callable[[web.Appli
     """On PostgreSQL every coordinator is a replica of a group (maybe of one): presence and relaying
     go through the database, so another process on the same URL joins with no flag at all."""
 
-    async def ctx(_: web.Application) -> AsyncIterator[None]:
+    async def relay_check() -> bool:  # a replica that cannot relay leaves the proxy's rotation
+        return hub.healthy()
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
         group = ReplicaGroup(services.engine)
         await group.start(hub)
         hub.group = group
+        app[HEALTH_CHECKS]["relay"] = relay_check
         yield
         await hub.close_all()  # before the group's rows go: no socket outlives its presence
         hub.group = None

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import os
 import resource
+import shutil
 import signal
 import socket
 import string
@@ -32,8 +33,8 @@ import asyncpg
 
 ROOT = Path(__file__).resolve().parent.parent
 TEMPLATE = ROOT / "deploy" / "haproxy.cfg.template"
-HAPROXY = "haproxy"
-DEFAULT_URL = "postgresql+asyncpg://lah:lah@127.0.0.1:5432/lah_replica_deploy"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"  # Debian's package (scripts/services)
+DATABASE = "lah_replica_deploy"  # a database of its own: the cluster empties it on start
 START_TIMEOUT_S = 90.0  # a replica imports the coordinator (seconds on a loaded 2-core box) and migrates
 
 
@@ -45,6 +46,17 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def cluster_database_url() -> str:
+    """``LAH_CLUSTER_POSTGRES_URL``, else ``LAH_TEST_POSTGRES_URL``'s server with a database of its own."""
+    explicit = os.environ.get("LAH_CLUSTER_POSTGRES_URL")
+    if explicit:
+        return explicit
+    base = urlsplit(
+        os.environ.get("LAH_TEST_POSTGRES_URL", "postgresql+asyncpg://lah:lah@127.0.0.1:5432/lah_test")
+    )
+    return urlunsplit((base.scheme, base.netloc, f"/{DATABASE}", base.query, base.fragment))
 
 
 def raise_fd_limit() -> None:
@@ -122,7 +134,7 @@ class Cluster:
 
     replicas_wanted: int
     workdir: Path
-    database_url: str = field(default_factory=lambda: os.environ.get("LAH_CLUSTER_POSTGRES_URL", DEFAULT_URL))
+    database_url: str = field(default_factory=lambda: cluster_database_url())
     config: dict[str, Any] = field(default_factory=dict)  # extra coordinator settings (TOML scalars)
     maxconn: int = 8000
     reset: bool = True  # empty the database first
@@ -166,7 +178,8 @@ class Cluster:
             await reset_database(self.database_url)
         self._write_coordinator_config()
         self.replicas = [
-            Replica(f"r{i + 1}", free_port(), self.workdir / f"r{i + 1}.log") for i in range(self.replicas_wanted)
+            Replica(f"r{i + 1}", free_port(), self.workdir / f"r{i + 1}.log")
+            for i in range(self.replicas_wanted)
         ]
         for replica in self.replicas:  # all at once, as an operator's process manager would
             self._spawn(replica)
@@ -225,7 +238,9 @@ class Cluster:
             )
         )
         log = (self.workdir / "haproxy.log").open("ab")
-        self.proxy = subprocess.Popen([HAPROXY, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT)
+        self.proxy = subprocess.Popen(  # noqa: ASYNC220 (a child that outlives this call; nothing to await)
+            [HAPROXY, "-db", "-f", str(cfg)], stdout=log, stderr=subprocess.STDOUT
+        )
         log.close()
         want = {r.name for r in self.replicas if r.alive}
         await self.wait_servers(lambda up: want <= up, timeout)

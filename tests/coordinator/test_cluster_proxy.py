@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -59,7 +58,7 @@ class Peer:
         assert ws is not None
         return ws._response.headers["X-Lah-Replica"]
 
-    async def offer(self, to: "Peer", sdp: str = "v=0\r\n") -> tuple[int, SignedDescription]:
+    async def offer(self, to: Peer, sdp: str = "v=0\r\n") -> tuple[int, SignedDescription]:
         description = sign_description(self.identity, "offer", sdp, to.peer_id, new_session_id())
         return await self.client.send(to.peer_id, description), description
 
@@ -74,10 +73,12 @@ async def new_peer(cluster: Cluster, session: aiohttp.ClientSession) -> Peer:
     name = f"vol{next(_names)}"
     # Each account from its own loopback address: the registration limit counts per client address.
     connector = aiohttp.TCPConnector(local_addr=(f"127.0.1.{next(_names) % 250 + 1}", 0))
-    async with aiohttp.ClientSession(connector=connector) as own:
-        async with own.post(f"{cluster.url}/api/accounts", json={"name": name}) as r:
-            assert r.status == 201, await r.text()
-            body = await r.json()
+    async with (
+        aiohttp.ClientSession(connector=connector) as own,
+        own.post(f"{cluster.url}/api/accounts", json={"name": name}) as r,
+    ):
+        assert r.status == 201, await r.text()
+        body = await r.json()
     token, account_id = body["token"], body["account"]["id"]
     identity = Identity.generate()
     bind = {
@@ -108,7 +109,9 @@ async def test_requests_and_sockets_land_on_every_replica(cluster: Cluster) -> N
         sockets = [await session.ws_connect(cluster.signaling_url) for _ in range(2 * REPLICAS)]
         try:
             for ws in sockets:  # each gets the hub's challenge through the tunnel
-                assert isinstance(sp.client_decoder.decode(await ws.receive_str(timeout=WAIT_S)), sp.Challenge)
+                assert isinstance(
+                    sp.client_decoder.decode(await ws.receive_str(timeout=WAIT_S)), sp.Challenge
+                )
             on = [ws._response.headers["X-Lah-Replica"] for ws in sockets]
             assert sorted(on) == sorted(r.name for r in cluster.replicas for _ in range(2)), on
         finally:
@@ -122,9 +125,11 @@ async def test_forwarded_for_is_the_client_address(cluster: Cluster) -> None:
     async def register(source: str, name: str, forged: str | None = None) -> int:
         headers = {"X-Forwarded-For": forged} if forged else {}
         connector = aiohttp.TCPConnector(local_addr=(source, 0))
-        async with aiohttp.ClientSession(connector=connector) as s:
-            async with s.post(f"{cluster.url}/api/accounts", json={"name": name}, headers=headers) as r:
-                return r.status
+        async with (
+            aiohttp.ClientSession(connector=connector) as s,
+            s.post(f"{cluster.url}/api/accounts", json={"name": name}, headers=headers) as r,
+        ):
+            return r.status
 
     statuses = [await register("127.0.2.1", f"xff{i}") for i in range(REGISTER_LIMIT * REPLICAS + 1)]
     assert statuses[:REGISTER_LIMIT] == [201] * REGISTER_LIMIT, statuses

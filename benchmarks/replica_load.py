@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import statistics
@@ -207,7 +208,10 @@ async def relay_rounds(
             delay = start + (k + 1) / rate - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)
-        await asyncio.sleep(2.0)
+        with contextlib.suppress(TimeoutError):  # late is slow, not lost: wait for stragglers a while
+            async with asyncio.timeout(10.0):
+                while len(bench.latencies) < n:  # noqa: ASYNC110 (a counter, no event to wait on)
+                    await asyncio.sleep(0.1)
         lost += n - len(bench.latencies)
         sent += n
         bench.sent_at.clear()
@@ -349,6 +353,8 @@ async def bench_replicas(
             out["ws_connect_s_replicas"] = round(connect_s, 2)
             out["ws_spread"] = sorted(spread.values())
             out.update(await relay_rounds(bench, all_peers, rate, seconds))
+            up = await cluster.wait_servers(lambda up: len(up) == replicas, 60)
+            log(f"replicas: proxy sees {sorted(up)} up")
             lb_proxy = await leaderboard_p99(cluster.url, calls)
             lb_one = await leaderboard_p99(cluster.replicas[-1].url, calls)
             out.update(await failover(cluster, bench, all_peers, identities, tokens))

@@ -7,8 +7,10 @@
 2. Signaling: ``--peers`` WebSockets (challenge, signed hello with token, welcome) spread by the proxy;
    offers at ``--rate`` per second between random pairs on *different* replicas (relayed through
    PostgreSQL), in ``ROUNDS`` rounds: ``relay_p99_ms_cross`` (median of the rounds' p99, with min and
-   max) and ``relay_lost_cross``. The baseline is coordinator_load's own signaling part: one process,
-   no proxy, no database, the same peers and rate (``relay_p99_ms_single``).
+   max) and ``relay_lost_cross`` (in those rounds, one offer in four goes between peers on the same
+   replica: ``relay_p99_ms_same_replica``, the proxy without the database hop). The baseline is
+   coordinator_load's own signaling part: one process, no proxy, no database, no tokens, the same
+   peers and rate (``relay_p99_ms_single``).
 3. Failover: receipts posted through the proxy in batches, each retried until it is answered (as a
    trainer retries), while one replica is killed with SIGKILL. Its peers reconnect like the engine's
    client (after 1 s, doubling) through the proxy; a peer counts as back when an offer from a peer on
@@ -44,6 +46,7 @@ from engine.p2p.identity import Identity
 from tests.cluster import Cluster, _dsn
 
 ROUNDS = 3
+SAME_EVERY = 4  # one offer in four between peers on the same replica, for comparison
 RECEIPT_SAMPLES = 10  # every failover receipt is worth the same credit: double credit shows as a count
 BATCH = 100
 POSTERS = 2
@@ -133,7 +136,7 @@ class SignalingBench:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
         self.closing = False
         self.sent_at: dict[int, float] = {}
-        self.latencies: list[float] = []
+        self.latencies: list[tuple[int, float]] = []  # (offer id, ms)
         self.on_arrival: dict[int, Peer] = {}  # failover probes: offer id -> the orphan it was for
         self.back_at: dict[str, float] = {}
         self.ids = iter(range(1, 1 << 62))
@@ -141,7 +144,7 @@ class SignalingBench:
     def arrived(self, msg_id: int, peer: Peer) -> None:
         started = self.sent_at.pop(msg_id, None)
         if started is not None:
-            self.latencies.append((time.perf_counter() - started) * 1000)
+            self.latencies.append((msg_id, (time.perf_counter() - started) * 1000))
         probe = self.on_arrival.pop(msg_id, None)
         if probe is not None:
             self.back_at.setdefault(probe.id, time.perf_counter())
@@ -192,17 +195,23 @@ async def seed(
 async def relay_rounds(
     bench: SignalingBench, peers: list[Peer], rate: float, seconds: float
 ) -> dict[str, Any]:
+    """Offers between peers on different replicas; one in ``SAME_EVERY`` between two on the same
+    replica (through the proxy, no database hop): what the relay across replicas adds."""
     rng = random.Random(7)
-    p99s, lost, sent = [], 0, 0
+    p99s, same, lost, sent = [], [], 0, 0
     for _ in range(ROUNDS):
         bench.latencies = []
+        same_ids: set[int] = set()
         n = int(rate * seconds / ROUNDS)
         start = time.perf_counter()
         for k in range(n):
             a, b = rng.sample(peers, 2)
-            while a.replica == b.replica:
+            want_same = k % SAME_EVERY == 0
+            while (a.replica == b.replica) != want_same:
                 a, b = rng.sample(peers, 2)
             msg_id = next(bench.ids)
+            if want_same:
+                same_ids.add(msg_id)
             bench.sent_at[msg_id] = time.perf_counter()
             await a.offer(msg_id, b)
             delay = start + (k + 1) / rate - time.perf_counter()
@@ -212,17 +221,20 @@ async def relay_rounds(
             async with asyncio.timeout(10.0):
                 while len(bench.latencies) < n:  # noqa: ASYNC110 (a counter, no event to wait on)
                     await asyncio.sleep(0.1)
+        cross = [ms for i, ms in bench.latencies if i not in same_ids]
+        same += [ms for i, ms in bench.latencies if i in same_ids]
         lost += n - len(bench.latencies)
         sent += n
         bench.sent_at.clear()
-        p99s.append(p99(bench.latencies))
-        log(f"replicas: {n} cross-replica offers: p99 {p99s[-1]:.1f} ms, lost {n - len(bench.latencies)}")
+        p99s.append(p99(cross))
+        log(f"replicas: {n} offers: cross-replica p99 {p99s[-1]:.1f} ms, lost {n - len(bench.latencies)}")
     return {
         "relay_offers_cross": sent,
         "relay_lost_cross": lost,
         "relay_p99_ms_cross": round(statistics.median(p99s), 2),
         "relay_p99_ms_cross_min": round(min(p99s), 2),
         "relay_p99_ms_cross_max": round(max(p99s), 2),
+        "relay_p99_ms_same_replica": round(p99(same), 2),
     }
 
 

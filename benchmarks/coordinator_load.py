@@ -502,7 +502,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         from replica_load import bench_replicas
 
         peers = args.peers or (300 if quick else 3000)
-        rate = args.rate if args.rate else 300.0
+        rate = args.rate if args.rate else 100.0
         seconds = 6.0 if quick else 15.0
         single = await timed("signaling, one process", bench_signaling(peers, rate, seconds))
         result.update({f"{k}_single": v for k, v in single.items()})
@@ -547,7 +547,7 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--peers", type=int, default=0)
     parser.add_argument(
-        "--rate", type=float, default=0.0, help="offers per second (default 500; 300 with --replicas)"
+        "--rate", type=float, default=0.0, help="offers per second (default 500; 100 with --replicas)"
     )
     parser.add_argument("--accounts", type=int, default=0)
     parser.add_argument("--receipts", type=int, default=0)

@@ -344,7 +344,7 @@ async def bench_replicas(
         "receipts_per_account_per_minute": 100_000_000,
     }
     with tempfile.TemporaryDirectory() as tmp:
-        async with Cluster(replicas, Path(tmp), config=config, maxconn=4 * peers + 1000) as cluster:
+        async with Cluster(replicas, Path(tmp), config=config, maxconn=peers + 2000) as cluster:
             identities, tokens = await seed(cluster, accounts, receipts, peers)
             bench = SignalingBench(cluster.signaling_url)
             all_peers = [Peer(bench, i, t) for i, t in zip(identities[1:], tokens[1:], strict=True)]

@@ -95,10 +95,12 @@ class Peer:
     async def run(self) -> None:
         backoff = 1.0
         while not self.bench.closing:
-            if self.ws is not None:
-                await self.read(self.ws)
+            ws = self.ws
+            if ws is not None:
+                with contextlib.suppress(aiohttp.ClientError, ConnectionError):
+                    await self.read(ws)
                 self.ws = None
-                self.bench.dropped(self)
+                self.bench.dropped(self, ws.close_code)
             if self.bench.closing:
                 return
             await asyncio.sleep(backoff)
@@ -113,6 +115,8 @@ class Peer:
             if msg.type != aiohttp.WSMsgType.TEXT:
                 break
             m = sp.client_decoder.decode(msg.data)
+            if isinstance(m, sp.Error):
+                self.bench.errors[m.code] = self.bench.errors.get(m.code, 0) + 1
             if isinstance(m, sp.Signal) and m.description.type == "offer":
                 self.bench.arrived(m.id, self)
                 answer = sp.Signal(
@@ -124,10 +128,16 @@ class Peer:
     def id(self) -> str:
         return self.identity.peer_id
 
-    async def offer(self, msg_id: int, to: Peer) -> None:
-        assert self.ws is not None
+    async def offer(self, msg_id: int, to: Peer) -> bool:
+        """False when this peer's socket is down (the offer is not sent: it counts as lost)."""
+        if self.ws is None or self.ws.closed:
+            return False
         signal = sp.Signal(id=msg_id, to=to.id, description=description(self.id, to.id, "offer"))
-        await self.ws.send_str(sp.encode(signal))
+        try:
+            await self.ws.send_str(sp.encode(signal))
+        except (aiohttp.ClientError, ConnectionError):
+            return False
+        return True
 
 
 class SignalingBench:
@@ -140,6 +150,8 @@ class SignalingBench:
         self.on_arrival: dict[int, Peer] = {}  # failover probes: offer id -> the orphan it was for
         self.back_at: dict[str, float] = {}
         self.ids = iter(range(1, 1 << 62))
+        self.drops: dict[str, int] = {}  # close code -> sockets closed under their peer
+        self.errors: dict[str, int] = {}  # the hub's Error frames by code
 
     def arrived(self, msg_id: int, peer: Peer) -> None:
         started = self.sent_at.pop(msg_id, None)
@@ -149,8 +161,10 @@ class SignalingBench:
         if probe is not None:
             self.back_at.setdefault(probe.id, time.perf_counter())
 
-    def dropped(self, peer: Peer) -> None:
-        pass
+    def dropped(self, peer: Peer, code: int | None) -> None:
+        """A socket closed under a peer (the kill, or anything else: reported by close code)."""
+        key = str(code)
+        self.drops[key] = self.drops.get(key, 0) + 1
 
     async def close(self, peers: list[Peer]) -> None:
         self.closing = True
@@ -365,6 +379,9 @@ async def bench_replicas(
             out["ws_connect_s_replicas"] = round(connect_s, 2)
             out["ws_spread"] = sorted(spread.values())
             out.update(await relay_rounds(bench, all_peers, rate, seconds))
+            out["ws_drops_during_relay"] = dict(bench.drops)
+            out["hub_errors_during_relay"] = dict(bench.errors)
+            log(f"replicas: sockets dropped during relay {bench.drops}, hub errors {bench.errors}")
             up = await cluster.wait_servers(lambda up: len(up) == replicas, 60)
             log(f"replicas: proxy sees {sorted(up)} up")
             lb_proxy = await leaderboard_p99(cluster.url, calls)

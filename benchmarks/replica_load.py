@@ -87,6 +87,9 @@ class Peer:
             sp.encode(sp.Hello(public_key=self.identity.public_key, signature=sig, token=self.token))
         )
         welcome = sp.client_decoder.decode(await ws.receive_str(timeout=60))
+        if isinstance(welcome, sp.Error):  # refused (e.g. unavailable): counted, and tried again
+            self.bench.errors[welcome.code] = self.bench.errors.get(welcome.code, 0) + 1
+            await ws.close()
         assert isinstance(welcome, sp.Welcome), welcome
         self.replica = ws._response.headers.get("X-Lah-Replica", "") if ws._response else ""
         self.ws = ws
@@ -366,18 +369,32 @@ async def bench_replicas(
             sem = asyncio.Semaphore(64)
 
             async def join(p: Peer) -> None:
-                async with sem:
-                    await p.join()
+                backoff = 1.0
+                for _ in range(6):  # as the engine's client: a refused or failed join is tried again
+                    try:
+                        async with sem:
+                            await p.join()
+                        return
+                    except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError):
+                        await asyncio.sleep(backoff)
+                        backoff *= 2
+                await p.join()
 
             await asyncio.gather(*(join(p) for p in all_peers))
             connect_s = time.perf_counter() - t0
             spread = {r.name: sum(p.replica == r.name for p in all_peers) for r in cluster.replicas}
-            log(f"replicas: {len(all_peers)} sockets in {connect_s:.1f} s, spread {spread}")
+            log(
+                f"replicas: {len(all_peers)} sockets in {connect_s:.1f} s, spread {spread},"
+                f" refusals {bench.errors}"
+            )
+            out_join_errors = dict(bench.errors)
+            bench.errors.clear()
             for p in all_peers:
                 p.task = asyncio.create_task(p.run())
             out: dict[str, Any] = {"replicas": replicas, "ws_peers_replicas": len(all_peers)}
             out["ws_connect_s_replicas"] = round(connect_s, 2)
             out["ws_spread"] = sorted(spread.values())
+            out["ws_join_refusals"] = out_join_errors  # the hub's Error codes met while joining
             out.update(await relay_rounds(bench, all_peers, rate, seconds))
             out["ws_drops_during_relay"] = dict(bench.drops)
             out["hub_errors_during_relay"] = dict(bench.errors)

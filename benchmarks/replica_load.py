@@ -4,7 +4,8 @@
 1. Data: ``--accounts`` accounts and ``--receipts`` receipts bulk-loaded (COPY, as coordinator_load
    does), plus one account with a bound host for every signaling peer; tokens are issued with the
    group's key, as any replica would.
-2. Signaling: ``--peers`` WebSockets (challenge, signed hello with token, welcome) spread by the proxy;
+2. Signaling: ``--peers`` WebSockets (challenge, signed hello with token, welcome) spread by the proxy,
+   then a wait until every one is in the presence table (``presence_settle_s``: the burst's claims);
    offers at ``--rate`` per second between random pairs on *different* replicas (relayed through
    PostgreSQL), in ``ROUNDS`` rounds: ``relay_p99_ms_cross`` (median of the rounds' p99, with min and
    max) and ``relay_lost_cross`` (in those rounds, one offer in four goes between peers on the same
@@ -335,6 +336,21 @@ async def failover(
     }
 
 
+async def settle(cluster: Cluster, peers: int, timeout: float = 120.0) -> float:
+    """Seconds until the presence table lists every peer (then 2 s more for the replicas to idle)."""
+    t0 = time.perf_counter()
+    conn = await asyncpg.connect(_dsn(cluster.database_url))
+    try:
+        async with asyncio.timeout(timeout):
+            while await conn.fetchval("SELECT count(*) FROM presence") < peers:  # noqa: ASYNC110 (a table)
+                await asyncio.sleep(0.5)
+    finally:
+        await conn.close()
+    took = time.perf_counter() - t0
+    await asyncio.sleep(2.0)
+    return took
+
+
 async def leaderboard_p99(url: str, calls: int) -> float:
     rng = random.Random(3)
     latencies = []
@@ -391,10 +407,14 @@ async def bench_replicas(
             bench.errors.clear()
             for p in all_peers:
                 p.task = asyncio.create_task(p.run())
+            # Steady state first: every socket's presence row written (the connect burst's claims done).
+            out_settle_s = await settle(cluster, len(all_peers))
+            log(f"replicas: presence complete {out_settle_s:.1f} s after the last join")
             out: dict[str, Any] = {"replicas": replicas, "ws_peers_replicas": len(all_peers)}
             out["ws_connect_s_replicas"] = round(connect_s, 2)
             out["ws_spread"] = sorted(spread.values())
             out["ws_join_refusals"] = out_join_errors  # the hub's Error codes met while joining
+            out["presence_settle_s"] = round(out_settle_s, 2)
             out.update(await relay_rounds(bench, all_peers, rate, seconds))
             out["ws_drops_during_relay"] = dict(bench.drops)
             out["hub_errors_during_relay"] = dict(bench.errors)

@@ -15,8 +15,10 @@
 3. Failover: receipts posted through the proxy in batches, each retried until it is answered (as a
    trainer retries), while one replica is killed with SIGKILL. Its peers reconnect like the engine's
    client (after 1 s, doubling) through the proxy; a peer counts as back when an offer from a peer on
-   another replica reaches it: ``failover_s_p99`` (from the kill). ``receipts_lost``: posted receipts
-   not in the ledger; ``receipts_double``: credit beyond one receipt's worth each, in receipts.
+   another replica reaches it: ``failover_s_p99`` (from the kill; median over ``KILLS`` kills, each
+   of another replica, the previous one restarted and presence settled in between).
+   ``receipts_lost``: posted receipts not in the ledger; ``receipts_double``: credit beyond one
+   receipt's worth each, in receipts (both summed over the kills).
 4. Leaderboard: ``GET /api/leaderboard`` pages through the proxy (any replica, each with its page
    cache, as deployed) vs straight to one replica (``leaderboard_p99_ms_one``).
 """
@@ -47,6 +49,7 @@ from engine.p2p.identity import Identity
 from tests.cluster import Cluster, _dsn
 
 ROUNDS = 3
+KILLS = 3  # replicas killed one after another (each brought back before the next): failover's spread
 SAME_EVERY = 4  # one offer in four between peers on the same replica, for comparison
 RECEIPT_SAMPLES = 10  # every failover receipt is worth the same credit: double credit shows as a count
 BATCH = 100
@@ -286,7 +289,12 @@ async def post_receipts(
 
 
 async def failover(
-    cluster: Cluster, bench: SignalingBench, peers: list[Peer], identities: list[Identity], tokens: list[str]
+    cluster: Cluster,
+    bench: SignalingBench,
+    peers: list[Peer],
+    identities: list[Identity],
+    tokens: list[str],
+    index: int,
 ) -> dict[str, Any]:
     conn = await asyncpg.connect(_dsn(cluster.database_url))
     hosts = [r["peer_id"] for r in await conn.fetch("SELECT peer_id FROM hosts ORDER BY peer_id LIMIT 200")]
@@ -298,10 +306,11 @@ async def failover(
         for _ in range(POSTERS)
     ]
     await asyncio.sleep(2.0)
-    victim = cluster.replicas[0].name
+    victim = cluster.replicas[index].name
     orphans = [p for p in peers if p.replica == victim]
+    bench.back_at = {}
     killed_at = time.perf_counter()
-    cluster.kill(0)
+    cluster.kill(index)
     log(f"replicas: killed {victim} ({len(orphans)} peers on it) with {len(posted)} receipts posted so far")
     rng = random.Random(11)
     async with asyncio.timeout(120):
@@ -423,7 +432,21 @@ async def bench_replicas(
             log(f"replicas: proxy sees {sorted(up)} up")
             lb_proxy = await leaderboard_p99(cluster.url, calls)
             lb_one = await leaderboard_p99(cluster.replicas[-1].url, calls)
-            out.update(await failover(cluster, bench, all_peers, identities, tokens))
+            kills = []
+            for k in range(KILLS):  # kill, measure, bring back, let presence settle; the next one
+                if k:
+                    await cluster.restart(k - 1)
+                    await cluster.wait_servers(lambda up: len(up) == replicas, 60)
+                    await settle(cluster, len(all_peers))
+                kills.append(await failover(cluster, bench, all_peers, identities, tokens, k % replicas))
+                log(f"replicas: kill {k + 1}: {kills[-1]}")
+            p99s = [f["failover_s_p99"] for f in kills]
+            out["failover_peers"] = [f["failover_peers"] for f in kills]
+            out["failover_s_p50"] = statistics.median(f["failover_s_p50"] for f in kills)
+            out["failover_s_p99"] = statistics.median(p99s)
+            out["failover_s_p99_min"], out["failover_s_p99_max"] = min(p99s), max(p99s)
+            for key in ("failover_receipts", "failover_post_retries", "receipts_lost", "receipts_double"):
+                out[key] = sum(f[key] for f in kills)
             await bench.close(all_peers)
             out["leaderboard_p99_ms_replicas"] = lb_proxy
             out["leaderboard_p99_ms_one"] = lb_one

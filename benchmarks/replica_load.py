@@ -114,7 +114,9 @@ class Peer:
             try:
                 await self.join()
                 backoff = 1.0
-            except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError):
+            except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError) as e:
+                kind = type(e).__name__
+                self.bench.join_failures[kind] = self.bench.join_failures.get(kind, 0) + 1
                 backoff = min(backoff * 2, 30.0)
 
     async def read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -159,6 +161,7 @@ class SignalingBench:
         self.ids = iter(range(1, 1 << 62))
         self.drops: dict[str, int] = {}  # close code -> sockets closed under their peer
         self.errors: dict[str, int] = {}  # the hub's Error frames by code
+        self.join_failures: dict[str, int] = {}  # reconnects that failed (then backed off), by exception
 
     def arrived(self, msg_id: int, peer: Peer) -> None:
         started = self.sent_at.pop(msg_id, None)
@@ -309,6 +312,8 @@ async def failover(
     victim = cluster.replicas[index].name
     orphans = [p for p in peers if p.replica == victim]
     bench.back_at = {}
+    bench.join_failures = {}
+    bench.errors = {}
     killed_at = time.perf_counter()
     cluster.kill(index)
     log(f"replicas: killed {victim} ({len(orphans)} peers on it) with {len(posted)} receipts posted so far")
@@ -342,6 +347,8 @@ async def failover(
         "failover_post_retries": retries,
         "receipts_lost": len(posted) - rows,
         "receipts_double": round(extra / RECEIPT_SAMPLES),
+        "failed_reconnects": dict(bench.join_failures),
+        "hub_errors": dict(bench.errors),
     }
 
 
@@ -447,6 +454,8 @@ async def bench_replicas(
             out["failover_s_p99_min"], out["failover_s_p99_max"] = min(p99s), max(p99s)
             for key in ("failover_receipts", "failover_post_retries", "receipts_lost", "receipts_double"):
                 out[key] = sum(f[key] for f in kills)
+            out["failover_failed_reconnects"] = [f["failed_reconnects"] for f in kills]
+            out["failover_hub_errors"] = [f["hub_errors"] for f in kills]
             await bench.close(all_peers)
             out["leaderboard_p99_ms_replicas"] = lb_proxy
             out["leaderboard_p99_ms_one"] = lb_one

@@ -115,7 +115,8 @@ class Peer:
                 await self.join()
                 backoff = 1.0
             except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError) as e:
-                kind = type(e).__name__
+                status = getattr(e, "status", None)  # a refused upgrade: whose answer, which status
+                kind = type(e).__name__ + (f" {status}" if status else "")
                 self.bench.join_failures[kind] = self.bench.join_failures.get(kind, 0) + 1
                 backoff = min(backoff * 2, 30.0)
 

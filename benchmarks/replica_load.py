@@ -46,6 +46,7 @@ from coordinator.tokens import TokenAuthority, load_signing_key
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import SignedDescription
 from engine.p2p.identity import Identity
+from engine.p2p.signaling import reconnect_delay
 from tests.cluster import Cluster, _dsn
 
 ROUNDS = 3
@@ -100,7 +101,7 @@ class Peer:
         self.joins += 1
 
     async def run(self) -> None:
-        backoff = 1.0
+        failures = 0
         while not self.bench.closing:
             ws = self.ws
             if ws is not None:
@@ -110,15 +111,15 @@ class Peer:
                 self.bench.dropped(self, ws.close_code)
             if self.bench.closing:
                 return
-            await asyncio.sleep(backoff)
+            await asyncio.sleep(reconnect_delay(failures, 30.0))  # the engine's client's own policy
             try:
                 await self.join()
-                backoff = 1.0
+                failures = 0
             except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError) as e:
                 status = getattr(e, "status", None)  # a refused upgrade: whose answer, which status
                 kind = type(e).__name__ + (f" {status}" if status else "")
                 self.bench.join_failures[kind] = self.bench.join_failures.get(kind, 0) + 1
-                backoff = min(backoff * 2, 30.0)
+                failures += 1
 
     async def read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for msg in ws:

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import random
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -121,7 +122,7 @@ class SignalingClient:
             asyncio.get_running_loop().call_later(delay, self._refresh_socket, ws)
 
     async def _run(self) -> None:
-        backoff = 1.0
+        failures = 0
         while not self._closed:
             ws = self._ws
             if ws is not None:
@@ -131,14 +132,14 @@ class SignalingClient:
             if self._closed:
                 return
             if not self._reconnect_now:
-                await asyncio.sleep(backoff)
+                await asyncio.sleep(reconnect_delay(failures, self.max_backoff))
             self._reconnect_now = False
             try:
                 await self._open()
-                backoff = 1.0
+                failures = 0
             except SignalingError as e:
-                logger.info("signaling reconnect failed (%s); next try in %.0f s", e, backoff)
-                backoff = min(backoff * 2, self.max_backoff)
+                failures += 1
+                logger.info("signaling reconnect failed (%s); try %d", e, failures)
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
         async for msg in ws:
@@ -196,6 +197,15 @@ class SignalingClient:
                 await self._reader
         if self._session is not None:
             await self._session.close()
+
+
+def reconnect_delay(failures: int, max_backoff: float, rand: Callable[[], float] = random.random) -> float:
+    """Seconds to wait before reconnecting after ``failures`` failed tries in a row: 1, 2, 4 ... s up to
+    ``max_backoff``, of which a random half ("equal jitter"). Without the jitter, every peer of a
+    coordinator replica that died reconnects in the same instant, and again in lockstep after each
+    refusal; with it their hellos spread over the window and the survivors admit them in one pass."""
+    ceiling = min(max_backoff, 2.0 ** max(0, failures))
+    return ceiling * (0.5 + 0.5 * rand())
 
 
 def signaling_url_of(coordinator_url: str) -> str:

@@ -9,7 +9,7 @@ Back-pressure: at most ``window`` chunk calls are in flight per reducer, and eac
 when the chunk is averaged, so a member can never run ahead of the slowest live member by more than
 ``window`` chunks, and the transport's credit window bounds the bytes queued on each link. The vector is
 averaged in place (each reply overwrites the chunk it answers), so a member holds its vector once, plus
-its own slice's accumulator, plus residuals when compression is lossy.
+its own slice's accumulator, plus residuals (bfloat16, half the vector) when compression is lossy.
 
 Faults: a reducer that fails (call timeout, lost link, refused chunk, a reply of the wrong size or with
 non-finite values) is named in the log; the rest of its slice keeps this member's local values. The
@@ -111,7 +111,7 @@ class AllReduceService:
             raise RemoteError("rejected", str(e)) from e
         except TimeoutError as e:
             raise RemoteError("timeout", f"chunk {chunk} of {round_id} was not averaged in time") from e
-        return Message(Kind.RESPONSE, 0, tensors=[result], compression=reducer.compression)
+        return Message(Kind.RESPONSE, 0, tensors=[result], compression=reducer.sent_as[chunk])
 
     # -- running a round -------------------------------------------------------------------------
 

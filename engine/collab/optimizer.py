@@ -46,6 +46,13 @@ from .tracker import ProgressTracker
 logger = logging.getLogger(__name__)
 
 
+def relayed_links(peer: Peer) -> list[str]:
+    """The peers this one reaches only through a TURN relay (a relayed peer acts as a client)."""
+    return [
+        remote for remote, link in peer.links.items() if "relay" in (selected_candidate_types(link.pc) or ())
+    ]
+
+
 def holds_back(samples: float, batch: int, target: int) -> bool:
     """Whether a batch of ``batch`` samples goes to the next epoch rather than this one, when the
     collaboration has ``samples`` towards ``target`` without it: when adding it would overshoot the
@@ -380,7 +387,7 @@ class CollaborativeOptimizer:
         relay's bandwidth is shared and paid for; reducing through it would slow the whole group)."""
         if self.config.client or self.bandwidth < self.config.min_reducer_bandwidth:
             return True
-        return any("relay" in (selected_candidate_types(link.pc) or ()) for link in self.peer.links.values())
+        return bool(relayed_links(self.peer))
 
     def _learn_bandwidth(self, report: RoundReport) -> None:
         moved = max(report.bytes_sent, report.bytes_received)

@@ -24,7 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -44,6 +46,8 @@ from .state import DownloadReport, StateDonor, download_state, load_snapshot, ta
 from .tracker import ProgressTracker
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def relayed_links(peer: Peer) -> list[str]:
@@ -117,7 +121,8 @@ class CollaborativeOptimizer:
         self.downloads: list[DownloadReport] = []
         self._last_publish = -math.inf
         self._last_refresh = -math.inf
-        self._last_return: float | None = None  # when step() last returned: a batch's compute starts
+        self._last_call: float | None = None  # when step() was last called
+        self._blocked_s = 0.0  # since then, seconds spent matching, averaging and taking state
         self._diverged_at: float | None = None  # when we last stepped without the others
         self._behind_since: float | None = None  # when we first saw the others an epoch ahead
 
@@ -184,20 +189,20 @@ class CollaborativeOptimizer:
 
     async def step(self, batch_size: int) -> StepReport | None:
         """Call after ``loss.backward()``; returns a report when a collaborative step was taken."""
-        # Our rate is compute speed, batch by batch: the time since our last return (the batch's
-        # compute), never the time spent in here matching and averaging, or the others' estimate of
-        # our progress runs late and epochs overshoot the target.
+        # Our rate is compute speed, batch by batch: the time between our calls less the time spent
+        # in here matching, averaging and taking state (the others extrapolate our progress with it;
+        # counting that time would make them think us slower, counting less would make them think
+        # us faster, and step early).
         now = time.monotonic()
-        if self._last_return is not None and batch_size > 0:
-            rate = batch_size / max(now - self._last_return, 1e-3)
+        if self._last_call is not None and batch_size > 0:
+            compute = now - self._last_call - self._blocked_s
+            rate = batch_size / max(compute, 1e-3, 0.1 * (now - self._last_call))
             c = self.tracker.local
             c.samples_per_second = (
                 rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
             )
-        try:
-            return await self._step(batch_size)
-        finally:
-            self._last_return = time.monotonic()
+        self._last_call, self._blocked_s = now, 0.0
+        return await self._step(batch_size)
 
     async def _step(self, batch_size: int) -> StepReport | None:
         now = time.monotonic()
@@ -211,17 +216,17 @@ class CollaborativeOptimizer:
         if progress.epoch > self.epoch:
             self.accumulate(batch_size)
             if refreshed:
-                await self._catch_up(progress)
+                await self._blocking(self._catch_up(progress))
             return None
         if self._diverged_at is not None and now - self._diverged_at > self.config.matchmaking.gather_s * 3:
-            await self._resync()
+            await self._blocking(self._resync())
         if holds_back(progress.samples, batch_size, progress.target):
             # The collaboration has its batch without this one (or is closer to it): step first, and
             # let this batch count towards the next epoch.
             held: list[torch.Tensor | None] = [p.grad for p in self.params]
             for p in self.params:
                 p.grad = None
-            report = await self.global_step()
+            report = await self._blocking(self.global_step())
             self.accumulate(batch_size, held)
             self._sync_tracker()
             return report
@@ -231,8 +236,16 @@ class CollaborativeOptimizer:
             self._last_publish = now
             await self.tracker.publish()
         if self.tracker.progress().ready:
-            return await self.global_step()
+            return await self._blocking(self.global_step())
         return None
+
+    async def _blocking(self, work: Awaitable[T]) -> T:
+        """Run ``work`` (matching, averaging, taking state), its time not counted as compute."""
+        started = time.monotonic()
+        try:
+            return await work
+        finally:
+            self._blocked_s += time.monotonic() - started
 
     async def _catch_up(self, progress: CollabProgress) -> None:
         logger.info(

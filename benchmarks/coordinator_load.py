@@ -18,6 +18,10 @@
     .venv/bin/python benchmarks/coordinator_load.py --quick    # within 60 s
     .venv/bin/python benchmarks/coordinator_load.py            # 2,000 peers, 100k accounts, 1M receipts
     .venv/bin/python benchmarks/coordinator_load.py --site --databases sqlite   # the site's figures only
+    .venv/bin/python benchmarks/coordinator_load.py --replicas 3 [--quick]      # replicas behind HAProxy
+
+``--replicas N`` runs benchmarks/replica_load.py instead of (b)-(d): N ``lah coordinator`` processes on
+one PostgreSQL behind HAProxy, against (a) run in the same process as the single-process baseline.
 
 The last line printed is one JSON object.
 """
@@ -494,8 +498,23 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     calls = 100 if quick else 400
     batched, single = (5000, 300) if quick else (20_000, 1000)
     result: dict[str, Any] = {"quick": quick, "accounts": accounts, "receipts": receipts}
+    if args.replicas:
+        from replica_load import bench_replicas
+
+        peers = args.peers or (300 if quick else 3000)
+        rate = args.rate if args.rate else 100.0
+        seconds = 6.0 if quick else 15.0
+        single = await timed("signaling, one process", bench_signaling(peers, rate, seconds))
+        result.update({f"{k}_single": v for k, v in single.items()})
+        result.update(
+            await timed(
+                f"{args.replicas} replicas",
+                bench_replicas(args.replicas, peers, rate, seconds, accounts, receipts, calls),
+            )
+        )
+        return result
     if not args.site:
-        sig = await timed("signaling", bench_signaling(peers, args.rate, 3.0 if quick else 10.0))
+        sig = await timed("signaling", bench_signaling(peers, args.rate or 500.0, 3.0 if quick else 10.0))
         result.update(sig)
     runs: dict[str, Callable[[], Awaitable[dict[str, Any]]]] = {
         "sqlite": lambda: bench_database(
@@ -527,7 +546,9 @@ if __name__ == "__main__":
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--peers", type=int, default=0)
-    parser.add_argument("--rate", type=float, default=500.0, help="offers per second")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="offers per second (default 500; 100 with --replicas)"
+    )
     parser.add_argument("--accounts", type=int, default=0)
     parser.add_argument("--receipts", type=int, default=0)
     parser.add_argument(
@@ -540,6 +561,9 @@ if __name__ == "__main__":
         "--site",
         action="store_true",
         help="only the site's figures (search, ranges, dump): no signaling, ingestion",
+    )
+    parser.add_argument(
+        "--replicas", type=int, default=0, help="N coordinator replicas behind HAProxy (replica_load.py)"
     )
     parser.add_argument("--databases", default="sqlite,postgres", help="comma-separated: sqlite, postgres")
     parser.add_argument("--serve-signaling", action="store_true", help=argparse.SUPPRESS)

@@ -2,7 +2,16 @@
 
 Modules, bottom up:
 
-- :mod:`coordinator.signaling`: the signaling hub (authenticated peers, presence, offer/answer relay).
+- :mod:`coordinator.relay`: the notifications replicas send each other over PostgreSQL LISTEN/NOTIFY,
+  and the listener that receives them.
+- :mod:`coordinator.presence`: replicas sharing one PostgreSQL (heartbeats, who is online where,
+  forwarding a signal to the peer's replica); on relay.
+- :mod:`coordinator.signaling`: the signaling hub (authenticated peers, presence, offer/answer relay);
+  on presence when it runs as one of several replicas.
+- :mod:`coordinator.pg_link`, :mod:`coordinator.shared_limits`, :mod:`coordinator.leader`,
+  :mod:`coordinator.outage`: what lets N replicas share one PostgreSQL (dedicated connections for
+  LISTEN and locks, database-clocked rate buckets, the leader of periodic jobs, 503 while it is away);
+  :mod:`coordinator.services` composes them, and on SQLite uses the one-process versions.
 - :mod:`coordinator.app`: the aiohttp application that mounts the hub, and how to run it.
 
 It imports ``engine`` (shared wire schemas and identities) and never ``app``.

@@ -175,8 +175,9 @@ def _json(data: Any, status: int = 200) -> web.Response:
 async def register(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = _client_key(request)
-    if not services.register_limiter.allow(key):
-        retry = max(1, math.ceil(services.register_limiter.retry_after(key)))
+    wait = await services.register_limiter.take(key)
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
         raise ApiError(
             429, "rate_limited", "too many registrations from this address", {"Retry-After": str(retry)}
         )
@@ -259,7 +260,7 @@ async def disable(request: web.Request) -> web.StreamResponse:
     account = await services.accounts.set_disabled(body.name, body.disabled, by=claims.sub)
     hub = request.app.get(HUB_KEY)
     if hub is not None and body.disabled:
-        await hub.sweep()
+        await hub.sweep_everywhere()
     return _json({"account": account.to_json(), "disabled": account.disabled})
 
 

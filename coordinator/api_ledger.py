@@ -117,11 +117,11 @@ async def _trainer(request: web.Request) -> AccountView:
     return account
 
 
-def _charge(request: web.Request, account: AccountView, cost: int) -> None:
+async def _charge(request: web.Request, account: AccountView, cost: int) -> None:
     limiter = request.app[SERVICES].receipt_limiter
-    key = str(account.id)
-    if not limiter.allow(key, float(max(1, cost))):
-        retry = max(1, math.ceil(limiter.retry_after(key, float(max(1, cost)))))
+    wait = await limiter.take(str(account.id), float(max(1, cost)))
+    if wait > 0:
+        retry = max(1, math.ceil(wait))
         raise ApiError(
             429, "rate_limited", "too many receipts from this account", {"Retry-After": str(retry)}
         )
@@ -149,7 +149,7 @@ async def post_receipts(request: web.Request) -> web.StreamResponse:
     account = await _trainer(request)
     deps = _deps(request)
     batch = await _read_body(request, ReceiptBatch, MAX_BODY_BYTES)
-    _charge(request, account, len(batch.receipts))
+    await _charge(request, account, len(batch.receipts))
     result = await ingest(
         deps.sessions,
         batch,
@@ -170,7 +170,7 @@ async def post_spot_check(request: web.Request) -> web.StreamResponse:
     account = await _trainer(request)
     deps = _deps(request)
     report = await _read_body(request, SpotCheckReport, MAX_REPORT_BYTES)
-    _charge(request, account, 1)
+    await _charge(request, account, 1)
     if await request.app[SERVICES].accounts.host_owner(report.reporter_peer_id) != account.id:
         raise ApiError(403, "not_your_key", "the report is signed by a key not bound to this account")
     try:

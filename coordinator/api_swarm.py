@@ -104,7 +104,7 @@ async def assignment(request: web.Request) -> web.StreamResponse:
         for name, uid in pairs
     ]
     hub = request.app.get(HUB_KEY)
-    online = [p for p in (hub.online() if hub is not None else []) if p != body.peer_id]
+    online = [p for p in (await hub.online_all() if hub is not None else []) if p != body.peer_id]
     bootstrap = random.sample(online, min(len(online), config.bootstrap_peers))
     coordinator_key = base64.b64encode(services.tokens.public_key_bytes).decode()
     return web.json_response(

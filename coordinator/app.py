@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 
 from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from . import api_accounts, api_ledger, api_swarm, site
+from . import api_accounts, api_collab, api_ledger, api_swarm, api_trainers, site
 from .config import CoordinatorConfig
 from .http import error_response
+from .outage import HEALTH_CHECKS, database_check, database_outage, run_checks
+from .presence import ReplicaGroup
 from .receipts import Verifier
 from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
@@ -38,7 +40,10 @@ def create_app(
 
 
 async def _healthz(request: web.Request) -> web.Response:
-    return web.json_response({"ok": True})
+    """200 while every check in ``HEALTH_CHECKS`` passes (the proxy's health check), else 503."""
+    checks = await run_checks(request.app.get(HEALTH_CHECKS, {}))
+    ok = all(checks.values())
+    return web.json_response({"ok": ok, "checks": checks}, status=200 if ok else 503)
 
 
 async def _peers(request: web.Request) -> web.StreamResponse:
@@ -48,18 +53,18 @@ async def _peers(request: web.Request) -> web.StreamResponse:
         return await _peers_for_accounts(request)
     if request.remote not in ("127.0.0.1", "::1"):
         return error_response(403, "forbidden", "the peer list is served to this machine only")
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
 @api_accounts.json_errors
 async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
     await api_accounts.authenticate(request)
-    return _peer_list(request)
+    return await _peer_list(request)
 
 
-def _peer_list(request: web.Request) -> web.Response:
+async def _peer_list(request: web.Request) -> web.Response:
     hub = request.app[HUB_KEY]
-    return web.json_response({"online": hub.online(), "stats": vars(hub.stats)})
+    return web.json_response({"online": await hub.online_all(), "stats": vars(hub.stats)})
 
 
 async def create_full_app(config: CoordinatorConfig, services: Services | None = None) -> web.Application:
@@ -81,6 +86,8 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     )
     app = create_app(hub=hub)
     app[SERVICES] = services
+    app.middlewares.append(database_outage)  # a database that is away: 503, not 500
+    app[HEALTH_CHECKS] = {"database": database_check(services.engine)}  # replicas add "relay"
     # Ed25519 checks hold the GIL: a pool of spawned processes (started on the first big batch)
     # is what lets receipt ingestion use more than one core.
     workers = config.verify_workers if config.verify_workers is not None else (os.cpu_count() or 1)
@@ -91,16 +98,44 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         await services.close()
 
     app.on_cleanup.append(close_services)
+    if services.engine.dialect.name == "postgresql":
+        app.cleanup_ctx.append(_replica_group(hub, services))
     app.cleanup_ctx.append(services.housekeeping)
     api_accounts.setup_routes(app)
     api_ledger.setup_routes(app, api_ledger.LedgerDeps.of(config, services.sessions, verifier))
     api_swarm.setup_routes(app)
+    api_collab.setup_routes(app)
+    api_trainers.setup_routes(app)
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.
     site.start_jobs(
-        app, site.services_sessions, site.services_exports_dir, get_database_url=site.services_database_url
+        app,
+        site.services_sessions,
+        site.services_exports_dir,
+        get_database_url=site.services_database_url,
+        leader=services.leader,  # with replicas: on one of them at a time
     )
     return app
+
+
+def _replica_group(hub: SignalingHub, services: Services) -> Callable[[web.Application], AsyncIterator[None]]:
+    """On PostgreSQL every coordinator is a replica of a group (maybe of one): presence and relaying
+    go through the database, so another process on the same URL joins with no flag at all."""
+
+    async def relay_check() -> bool:  # a replica that cannot relay leaves the proxy's rotation
+        return hub.healthy()
+
+    async def ctx(app: web.Application) -> AsyncIterator[None]:
+        group = ReplicaGroup(services.engine)
+        await group.start(hub)
+        hub.group = group
+        app[HEALTH_CHECKS]["relay"] = relay_check
+        yield
+        await hub.close_all()  # before the group's rows go: no socket outlives its presence
+        hub.group = None
+        await group.stop()
+
+    return ctx
 
 
 @dataclass

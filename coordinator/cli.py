@@ -1,6 +1,7 @@
 """``lah coordinator``: run the whole coordinator from a TOML config (and ``LAH_*`` environment);
-``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` act on its database directly
-(the operator's tools, no admin token needed; a running coordinator sees the change at once)."""
+``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` / ``grant-trainer NAME`` act on its
+database directly (the operator's tools, no admin token needed; a running coordinator sees the change
+at once)."""
 
 from __future__ import annotations
 
@@ -60,3 +61,21 @@ async def set_disabled(config_path: Path | None, name: str, disabled: bool) -> N
     finally:
         await services.close()
     print(f"coordinator: {account.name} is {'disabled' if account.disabled else 'enabled'}", flush=True)
+
+
+async def grant_trainer(config_path: Path | None, name: str, ttl_s: float | None = None) -> str:
+    """Make ``name`` a trainer (creating the account if needed) and print its single-use login code
+    for ``lah train login`` (shown once: only its hash is kept)."""
+    from .trainers import grant_trainer as grant
+
+    services = await open_services(load_config(config_path))
+    try:
+        account, code, expires_at = await grant(services.accounts, name, by=None, ttl_s=ttl_s)
+    finally:
+        await services.close()
+    print(
+        f"coordinator: {account.name} is a {account.role}; login code {code} (single use, expires at "
+        f"unix time {expires_at:.0f}): lah train login --name {account.name} --code={code}",
+        flush=True,
+    )
+    return code

@@ -13,6 +13,21 @@ from typing import Annotated, Any
 
 import msgspec
 
+Positive = Annotated[int, msgspec.Meta(gt=0)]
+
+
+class DenseModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The dense part every trainer of the experiment builds (``lah train``): input and output sizes
+    around the mixture (whose width is the experts' ``d_model``), the gating's top-k, each trainer's
+    batch and learning rate, and the data set (by name: no data travels through the coordinator)."""
+
+    in_features: Positive = 64
+    classes: Positive = 10
+    k_best: Positive = 4
+    batch_size: Positive = 64  # one trainer's batch; the collaboration steps on target_batch_size
+    lr: Annotated[float, msgspec.Meta(gt=0)] = 3e-3
+    dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "digits"
+
 
 class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     name: str
@@ -24,6 +39,7 @@ class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Trainers of this experiment train the dense part together (engine.collab), stepping once the
     # collaboration has processed this many samples; 0: each trainer trains alone.
     target_batch_size: Annotated[int, msgspec.Meta(ge=0)] = 0
+    dense: DenseModel = DenseModel()
 
 
 class TurnSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -28,6 +28,7 @@ from sqlalchemy import ColumnElement, Table, any_, bindparam, func, literal_colu
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from . import training
 from .db.models import Account, CreditDay, Host, Receipt, SpotCheckFlag, Team
 from .receipts import (
     ReceiptBatch,
@@ -440,6 +441,10 @@ async def ingest(
                 )
         result.withheld = len(withheld_ids)
         result.accepted = len(new)
+        # The bound on the trainers' own training samples (coordinator.training).
+        await training.add_receipt_samples(
+            session, ((r.trainer_peer_id, r.expert_uid, r.samples, r.backward) for r, _ in new), now
+        )
 
         # 5. Credit, summed per subject.
         await _apply(session, plan, now, host_rows)

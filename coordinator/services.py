@@ -4,6 +4,16 @@
 signing key and builds the rest; ``close()`` releases the database. The web app keeps the result
 under ``SERVICES`` and runs ``housekeeping`` while it serves: every ``HOUSEKEEPING_S`` it forgets
 revocations of tokens that have expired anyway and rate-limit buckets that are full again.
+
+Replicas. On PostgreSQL (opened from the URL, or ``replicas=True``) every coordinator process is one
+of N identical replicas, and nothing another replica needs stays in this one's memory: registration
+and receipt limits are ``shared_limits.DatabaseBuckets`` (refilled on the database's clock), token
+revocations are announced to every replica (``tokens``, through a ``pg_link.Listener``), periodic
+work runs on the one replica that holds the leadership lock (``leader.Leader``), and this replica's
+clock is corrected to the database's (``pg_link.DbClock``) for token and invitation expiry. What
+stays per replica, on purpose: the signaling hub's per-socket limits (see ``shared_limits``) and the
+in-memory buckets' own pruning. SQLite is one process and keeps everything as it was: in-memory
+buckets, a leader that always leads, its own clock.
 """
 
 from __future__ import annotations
@@ -11,8 +21,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from sqlalchemy import select
@@ -24,13 +34,17 @@ from .accounts import Accounts, NotFound
 from .config import ConfigError, CoordinatorConfig
 from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
+from .leader import Leader, LocalLeader
 from .ledger import in_list
+from .pg_link import DbClock, Link, Listener
 from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
+from .shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 from .signaling import OfferGate, PeerRefused
 from .tokens import TokenAuthority, TokenError, load_signing_key
 
 logger = logging.getLogger(__name__)
 HOUSEKEEPING_S = 600.0
+CLOCK_SYNC_S = 60.0
 
 
 @dataclass
@@ -40,12 +54,20 @@ class Services:
     sessions: async_sessionmaker[AsyncSession]
     tokens: TokenAuthority
     accounts: Accounts
-    register_limiter: RateLimiter
+    register_limiter: Buckets  # per client address
     ws_limiter: ConnectionLimiter
     client_address: ClientAddress
     offer_gate: OfferGate
-    receipt_limiter: RateLimiter  # per trainer account: receipts (a batch costs at least one)
+    receipt_limiter: Buckets  # per trainer account: receipts (a batch costs at least one)
     owns_engine: bool = True
+    leader: LocalLeader = field(default_factory=LocalLeader)  # runs the periodic jobs
+    listener: Listener | None = None  # replicas: hears revocations made on the others
+    db_clock: DbClock | None = None  # replicas: this replica's clock, corrected to the database's
+
+    @property
+    def replicated(self) -> bool:
+        """One of N replicas on PostgreSQL (else one process)."""
+        return self.listener is not None
 
     async def close(self) -> None:
         if self.owns_engine:
@@ -72,28 +94,54 @@ class Services:
 
     async def housekeep(self) -> tuple[int, int]:
         """One round: (expired revocations deleted, idle rate-limit buckets forgotten)."""
+        revocations, shared = await self.housekeep_shared()
+        return revocations, shared + await self.housekeep_local()
+
+    async def housekeep_shared(self) -> tuple[int, int]:
+        """The database's part, run by the leading replica: (revocations, shared buckets) pruned."""
         revocations = await self.tokens.prune()
-        buckets = sum(
-            limiter.prune() for limiter in (self.register_limiter, self.receipt_limiter, self.ws_limiter.rate)
-        )
-        buckets += self.offer_gate.limiter.prune()
+        buckets = 0
+        for limiter in (self.register_limiter, self.receipt_limiter):
+            if isinstance(limiter, DatabaseBuckets):
+                buckets += await limiter.prune()
         return revocations, buckets
 
+    async def housekeep_local(self) -> int:
+        """This replica's memory, run by every replica: idle in-memory buckets forgotten."""
+        buckets = self.ws_limiter.rate.prune() + self.offer_gate.limiter.prune()
+        for limiter in (self.register_limiter, self.receipt_limiter):
+            if isinstance(limiter, LocalBuckets):
+                buckets += await limiter.prune()
+        return buckets
+
     async def housekeeping(self, _app: web.Application) -> AsyncIterator[None]:
-        """aiohttp ``cleanup_ctx``: ``housekeep`` every ``HOUSEKEEPING_S`` while the app runs."""
+        """aiohttp ``cleanup_ctx``: while the app runs, the leader election (and the leader's jobs,
+        ``housekeep_shared`` among them), the revocation listener, the clock's sync, and
+        ``housekeep_local`` every ``HOUSEKEEPING_S``."""
 
-        async def forever() -> None:
+        async def every(period: float, work: Callable[[], Awaitable[object]], what: str) -> None:
             while True:
-                await asyncio.sleep(HOUSEKEEPING_S)
+                await asyncio.sleep(period)
                 try:
-                    await self.housekeep()
+                    await work()
                 except Exception:  # the database is away for a moment: next round
-                    logger.exception("coordinator housekeeping failed")
+                    logger.exception("coordinator %s failed", what)
 
-        task = asyncio.create_task(forever(), name="coordinator-housekeeping")
+        tasks = [
+            asyncio.create_task(every(HOUSEKEEPING_S, self.housekeep_local, "housekeeping")),
+            asyncio.create_task(self.leader.run(), name="coordinator-leader"),
+        ]
+        if self.listener is not None:
+            tasks.append(asyncio.create_task(self.listener.run(), name="coordinator-listener"))
+        if self.db_clock is not None:
+            clock = self.db_clock
+            tasks.append(
+                asyncio.create_task(every(CLOCK_SYNC_S, lambda: clock.sync(self.engine), "clock sync"))
+            )
         yield
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def refused_peers(self, peer_ids: list[str]) -> set[str]:
         """Those of ``peer_ids`` the hub must drop now: their account is disabled or gone, or they
@@ -121,8 +169,14 @@ async def open_services(
     run_migrations: bool = True,
     clock: Callable[[], float] = time.time,
     monotonic: Callable[[], float] = time.monotonic,
+    replicas: bool | None = None,
 ) -> Services:
-    """Build the services. ``engine``: use this database as it is (tests; not disposed by ``close``)."""
+    """Build the services. ``engine``: use this database as it is (tests; not disposed by ``close``).
+
+    ``replicas``: run as one of N replicas sharing the database (PostgreSQL only). None: when the
+    database is PostgreSQL and opened here from the URL, i.e. in production; tests that hand in an
+    engine and fake clocks keep the one-process behaviour unless they ask.
+    """
     owns_engine = engine is None
     if engine is None:
         url = config.database_url or default_url()
@@ -131,15 +185,48 @@ async def open_services(
 
             await migrate(url, search_path=search_path)
         engine = make_engine(url, search_path=search_path)
+    postgres = engine.dialect.name == "postgresql"
+    if replicas is None:
+        replicas = postgres and owns_engine
+    if replicas and not postgres:
+        raise ConfigError("replicas share a PostgreSQL database; SQLite is for one process")
     try:
         client_address = ClientAddress(config.trusted_proxies)
     except ValueError as e:
         raise ConfigError(f"trusted_proxies: {e}") from e
     sessions = session_factory(engine)
+    db_clock: DbClock | None = None
+    leader: LocalLeader = LocalLeader()
+    listener: Listener | None = None
+    register_limiter: Buckets
+    receipt_limiter: Buckets
+    if replicas:
+        db_clock = DbClock(clock)
+        await db_clock.sync(engine)
+        clock = db_clock
+        link = await Link.of(engine)
+        leader = Leader(link)
+        register_limiter = DatabaseBuckets.per_minute(sessions, "register", config.register_per_ip_per_minute)
+        receipt_limiter = DatabaseBuckets.per_minute(
+            sessions, "receipts", config.receipts_per_account_per_minute
+        )
+    else:
+        register_limiter = LocalBuckets(
+            RateLimiter.per_minute(config.register_per_ip_per_minute, clock=monotonic)
+        )
+        receipt_limiter = LocalBuckets(
+            RateLimiter.per_minute(config.receipts_per_account_per_minute, clock=monotonic)
+        )
     tokens = TokenAuthority(
         load_signing_key(config.token_key_path), sessions, ttl_s=config.token_ttl_s, clock=clock
     )
-    return Services(
+    if replicas:
+        channel = link.name("revoked")
+        tokens.notify_channel = channel
+        listener = Listener(link, {channel: tokens.revoked_elsewhere}, tokens.notifications_missed)
+        heard = listener
+        tokens.listening = lambda: heard.healthy
+    services = Services(
         config=config,
         engine=engine,
         sessions=sessions,
@@ -147,10 +234,16 @@ async def open_services(
         accounts=Accounts(
             sessions, allowlist_mode=config.allowlist_mode, invite_ttl_s=config.invite_ttl_s, clock=clock
         ),
-        register_limiter=RateLimiter.per_minute(config.register_per_ip_per_minute, clock=monotonic),
+        register_limiter=register_limiter,
         ws_limiter=ConnectionLimiter(config.max_ws_per_ip, clock=monotonic),
         client_address=client_address,
         offer_gate=OfferGate(config.offers_per_minute / 60.0, config.offer_burst, clock=monotonic),
-        receipt_limiter=RateLimiter.per_minute(config.receipts_per_account_per_minute, clock=monotonic),
+        receipt_limiter=receipt_limiter,
         owns_engine=owns_engine,
+        leader=leader,
+        listener=listener,
+        db_clock=db_clock,
     )
+    # The database's share of housekeeping: on the leading replica only.
+    leader.add_job("housekeeping", HOUSEKEEPING_S, services.housekeep_shared, first_s=HOUSEKEEPING_S)
+    return services

@@ -20,6 +20,13 @@ description) is dropped silently, so replaying one never costs its recipient a s
 ``recheck`` (the full coordinator: accounts) is asked every ``recheck_s`` which online peers must go
 (account disabled, host unbound); their sockets are closed with ``account_disabled`` at once.
 ``address_of`` says which client address a request counts against (trusted reverse proxies).
+
+With ``group`` set (a ``coordinator.presence.ReplicaGroup``: replicas sharing PostgreSQL) a peer's
+socket is claimed in the shared presence table before its welcome (the latest connection wins on
+any replica), a signal for a peer on another replica is forwarded through PostgreSQL NOTIFY, and
+``online_all`` lists every live replica's peers. Without it (SQLite, one process) nothing leaves
+this process. A signal that cannot be forwarded because the database is away gets
+``Error(unavailable, ref=id)``: nothing is dropped without its sender hearing of it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
+from .presence import ReplicaGroup, new_conn_id
 from .ratelimit import ConnectionLimiter, RateLimiter
 from .turn import TurnConfig, turn_server
 
@@ -154,6 +162,9 @@ class SignalingHub:
     recheck: PeerRecheck | None = None
     recheck_s: float = RECHECK_S
     address_of: Callable[[web.Request], str] | None = None
+    group: ReplicaGroup | None = None
+    _conns: dict[str, str] = field(default_factory=dict, init=False, repr=False)  # peer id -> conn
+    _closing: bool = field(default=False, init=False, repr=False)
     _sweeper: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -163,7 +174,50 @@ class SignalingHub:
             raise ValueError("require_token needs an authorize callable to check the tokens")
 
     def online(self) -> list[str]:
+        """The peers on this replica (all of them without a replica group)."""
         return sorted(self.peers)
+
+    async def online_all(self) -> list[str]:
+        """The peers on every live replica of the group (``online`` without one)."""
+        if self.group is None:
+            return self.online()
+        return sorted(set(await self.group.online()) | set(self.peers))
+
+    def healthy(self) -> bool:
+        """False while this replica cannot relay to or from the others (for ``/healthz``)."""
+        return self.group is None or self.group.healthy()
+
+    async def sweep_everywhere(self) -> None:
+        """``sweep`` here now, and ask every other replica to do the same."""
+        await self.sweep()
+        if self.group is not None:
+            try:
+                await self.group.request_sweep()
+            except Exception:  # their own periodic sweep comes within recheck_s anyway
+                logger.exception("cannot ask the other replicas to sweep")
+
+    def local_peers(self) -> dict[str, str]:
+        return dict(self._conns)
+
+    async def deliver_local(self, peer_id: str, frame: str) -> bool:
+        ws = self.peers.get(peer_id)
+        if ws is None or ws.closed:
+            return False
+        try:
+            await ws.send_str(frame)
+        except ConnectionError:
+            return False
+        self.stats.relayed += 1
+        return True
+
+    async def evict_local(self, peer_id: str, conn: str) -> None:
+        """The peer reconnected to another replica: close this replica's socket ``conn`` of it."""
+        if self._conns.get(peer_id) != conn:
+            return
+        ws = self.peers.pop(peer_id, None)
+        self._conns.pop(peer_id, None)
+        if ws is not None:
+            await ws.close(message=b"replaced by a newer connection")
 
     async def sweep(self) -> int:
         """Close the sockets of online peers that ``recheck`` refuses now; returns how many."""
@@ -176,6 +230,7 @@ class SignalingHub:
             return 0
         for peer_id in gone:
             ws = self.peers.pop(peer_id, None)
+            self._conns.pop(peer_id, None)
             if ws is not None:
                 await self._refuse(ws, sp.ACCOUNT_DISABLED, "this account is disabled")
         return len(gone)
@@ -211,16 +266,35 @@ class SignalingHub:
         if peer_id is None:
             await ws.close()
             return ws
+        conn = new_conn_id()
         previous = self.peers.get(peer_id)
         self.peers[peer_id] = ws
+        self._conns[peer_id] = conn
         if previous is not None:
             # The newest socket wins: a node that lost its network reconnects before the old socket dies.
             await previous.close(message=b"replaced by a newer connection")
         try:
+            if self.group is not None:
+                try:
+                    await self.group.claim(peer_id, conn)
+                except Exception:
+                    logger.exception("cannot claim the presence of %s", peer_id[:12])
+                    await self._refuse(
+                        ws, UNAVAILABLE, "the coordinator cannot reach its database; retry later"
+                    )
+                    return ws
+            welcome = sp.Welcome(peer_id=peer_id, ice_servers=self.ice_servers_for(peer_id))
+            await ws.send_str(sp.encode(welcome))
             await self._relay_loop(peer_id, ws)
         finally:
             if self.peers.get(peer_id) is ws:
                 del self.peers[peer_id]
+                self._conns.pop(peer_id, None)
+            if self.group is not None and not self._closing:  # closing: the replica's row takes them all
+                try:  # only this socket's row: a newer one elsewhere keeps its own
+                    await self.group.release(peer_id, conn)
+                except Exception:  # the row dies with this replica's heartbeat, or the next claim
+                    logger.warning("cannot release the presence of %s", peer_id[:12])
         return ws
 
     async def _authenticate(self, ws: web.WebSocketResponse) -> str | None:
@@ -249,8 +323,7 @@ class SignalingHub:
                 self.stats.auth_failed += 1
                 await self._refuse(ws, refusal.code, refusal.message)
                 return None
-        await ws.send_str(sp.encode(sp.Welcome(peer_id=peer_id, ice_servers=self.ice_servers_for(peer_id))))
-        return peer_id
+        return peer_id  # the caller welcomes it once its presence is recorded
 
     async def _authorize(self, token: str | None, peer_id: str) -> PeerRefused | None:
         if token is None:
@@ -301,6 +374,9 @@ class SignalingHub:
                 await ws.send_str(sp.encode(error))
                 continue
             target = self.peers.get(signal.to)
+            if (target is None or target.closed) and self.group is not None:
+                await self._forward(ws, peer_id, signal)
+                continue
             if target is None or target.closed:
                 self.stats.unknown_peer += 1
                 error = sp.Error(
@@ -318,13 +394,35 @@ class SignalingHub:
                 )
                 await ws.send_str(sp.encode(error))
 
+    async def _forward(self, ws: web.WebSocketResponse, peer_id: str, signal: sp.Signal) -> None:
+        """Relay ``signal`` to a peer on another replica, or tell its sender why not."""
+        assert self.group is not None
+        frame = sp.encode(self.stamp(signal, peer_id))
+        try:
+            found = await self.group.forward(signal.to, frame, sender=peer_id, ref=signal.id)
+        except Exception:
+            logger.exception("cannot forward a signal to another replica")
+            error = sp.Error(
+                code=UNAVAILABLE, message="the coordinator cannot relay right now", ref=signal.id
+            )
+            await ws.send_str(sp.encode(error))
+            return
+        if not found:
+            self.stats.unknown_peer += 1
+            error = sp.Error(
+                code="unknown_peer", message=f"peer {signal.to[:12]} is not online", ref=signal.id
+            )
+            await ws.send_str(sp.encode(error))
+
     async def close_all(self) -> None:
         """Going away: close every socket (1001) so clients reconnect at once, not after a timeout."""
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+        self._closing = True
         sockets = list(self.peers.values())
         self.peers.clear()
+        self._conns.clear()
         await asyncio.gather(
             *(ws.close(code=WSCloseCode.GOING_AWAY, message=b"coordinator restarting") for ws in sockets),
             return_exceptions=True,

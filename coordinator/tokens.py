@@ -13,6 +13,17 @@ table, behind a small in-memory cache). Errors::
     ├── TokenInvalid       malformed, forged (bad signature, other key) or claims out of range
     ├── TokenExpired       past ``exp`` (or issued in the future beyond the clock skew)
     └── TokenRevoked       its jti is in the revocation table (refreshed, logged out, revoked by an admin)
+
+With several replicas on one PostgreSQL the cache of "not revoked" answers is what could let a token
+revoked on replica A pass on replica B. So a revocation is announced with NOTIFY in the transaction
+that inserts it (delivered only if it commits), every replica LISTENs (``pg_link.Listener``) and drops
+the jti from its cache when told: the bound is the notification's latency, milliseconds. While the
+listener is down (or before it connects) "not revoked" answers are trusted for ``negative_cache_s``
+(5 s) only, and all of them are forgotten whenever notifications may have been missed; while it is up
+they are trusted for ``listened_cache_s`` (60 s), since any revocation would have reached us. A
+listener whose connection died silently is noticed by its ping within ~10 s: the worst-case bound.
+Expiry is checked on this replica's clock; with replicas, ``services`` hands it a clock corrected to
+the database's (``pg_link.DbClock``), so a replica whose clock is off does not misjudge expiry.
 """
 
 from __future__ import annotations
@@ -29,7 +40,7 @@ import msgspec
 import platformdirs
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
@@ -118,6 +129,7 @@ class TokenAuthority:
         clock: Callable[[], float] = time.time,
         cache_size: int = 4096,
         negative_cache_s: float = 5.0,
+        listened_cache_s: float = 60.0,
     ) -> None:
         self._key = key
         self.public_key: Ed25519PublicKey = key.public_key()
@@ -128,6 +140,12 @@ class TokenAuthority:
         # Negative answers ("not revoked") are cached briefly: a revocation made through this
         # authority is seen at once; one made by another coordinator process within negative_cache_s.
         self.negative_cache_s = negative_cache_s
+        # Replicas (PostgreSQL): revocations are announced on ``notify_channel``; while ``listening()``
+        # says our listener hears them, negative answers hold for listened_cache_s.
+        self.listened_cache_s = listened_cache_s
+        self.notify_channel: str | None = None
+        self.listening: Callable[[], bool] = lambda: False
+        self._epoch = 0  # bumped when notifications may have been missed: in-flight reads are not cached
         self._revoked: OrderedDict[str, float] = OrderedDict()  # jti -> exp
         self._not_revoked: OrderedDict[str, float] = OrderedDict()  # jti -> checked at
 
@@ -201,13 +219,17 @@ class TokenAuthority:
             self._revoked.move_to_end(jti)
             return True
         checked = self._not_revoked.get(jti)
-        if checked is not None and self.clock() - checked < self.negative_cache_s:
+        trust = self.listened_cache_s if self.listening() else self.negative_cache_s
+        if checked is not None and self.clock() - checked < trust:
             return False
+        epoch = self._epoch
         async with self.sessions() as s:
             row = (await s.execute(select(RevokedToken.jti).where(RevokedToken.jti == jti))).first()
         if row is not None:
             self._remember_revoked(jti, 0.0)
             return True
+        if epoch != self._epoch or jti in self._revoked:  # news arrived while we read: do not cache
+            return False
         self._not_revoked[jti] = self.clock()
         self._not_revoked.move_to_end(jti)
         while len(self._not_revoked) > self.cache_size:
@@ -238,11 +260,25 @@ class TokenAuthority:
         try:
             async with self.sessions() as s, s.begin():
                 s.add(RevokedToken(jti=jti, expires_at=float(expires_at)))
+                await s.flush()
+                if self.notify_channel is not None:  # delivered at commit, to every replica
+                    await s.execute(select(func.pg_notify(self.notify_channel, jti)))
         except IntegrityError:
             self._remember_revoked(jti, expires_at)
             return False
         self._remember_revoked(jti, expires_at)
         return True
+
+    def revoked_elsewhere(self, jti: str) -> None:
+        """A replica's NOTIFY: ``jti`` was revoked (perhaps by another replica)."""
+        if is_jti(jti):
+            self._not_revoked.pop(jti, None)
+            self._remember_revoked(jti, 0.0)
+
+    def notifications_missed(self) -> None:
+        """The listener was (re)connected or lost: forget every "not revoked" answer."""
+        self._epoch += 1
+        self._not_revoked.clear()
 
     def _remember_revoked(self, jti: str, expires_at: float) -> None:
         self._revoked[jti] = expires_at

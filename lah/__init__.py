@@ -6,6 +6,8 @@ three::
 
     cli        ``lah``: subcommands for the app, the node and its controls, the coordinator, the demos
     demo       ``lah demo``: coordinator, volunteers and a trainer on loopback (optionally the tray app too)
+    train_credentials  where ``lah train`` keeps its token (its own keyring service, or a 0600 file)
+    train      ``lah train``: a researcher's trainer for a coordinator's experiment (collaborative)
     selftest   ``lah self-test`` / ``learning-at-home --self-test``: does this installation work?
     resources  where read-only files (``assets/``) are, in a checkout and in a bundle
 """

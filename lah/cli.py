@@ -1,6 +1,6 @@
 """The ``lah`` command: ``lah app`` (the tray app), ``lah node`` and its controls (``lah status``,
 ``lah pause``, ``lah resume``, ``lah snooze MINUTES``), ``lah coordinator``, ``lah demo``,
-``lah demo-transport`` and ``lah self-test``.
+``lah train`` (a researcher's trainer: lah/train.py), ``lah demo-transport`` and ``lah self-test``.
 
 Everything runs on :func:`engine.p2p.eventloop.run` (uvloop where the platform has it). Each
 subcommand imports what it needs when it runs: ``lah app`` must not load torch or aiortc, which only
@@ -31,12 +31,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     coord.add_argument("--host", help="listen address (default 127.0.0.1)")
     coord.add_argument("--port", type=int, help="listen port (default 8470)")
     coord.add_argument("--make-admin", metavar="NAME", help="give this existing account the admin role")
-    actions = coord.add_subparsers(dest="action", metavar="{invite,disable,enable}")
+    actions = coord.add_subparsers(dest="action", metavar="{invite,disable,enable,grant-trainer}")
     coord_invite = actions.add_parser("invite", help="create a single-use invitation code for NAME")
     coord_invite.add_argument("name")
     coord_invite.add_argument("--ttl-days", type=float, help="how long the code is valid (default 14)")
     for action, text in (("disable", "refuse every token of an account at once"), ("enable", "re-enable it")):
         actions.add_parser(action, help=text).add_argument("name")
+    grant = actions.add_parser("grant-trainer", help="make NAME a trainer; prints its `lah train login` code")
+    grant.add_argument("name")
+    grant.add_argument("--ttl-days", type=float, help="how long the login code is valid (default 14)")
     node = sub.add_parser("node", help="run the volunteer node (host experts while the computer is idle)")
     node.add_argument("--coordinator", default="http://127.0.0.1:8470", help="coordinator URL")
     node.add_argument("--name", help="account name on first run")
@@ -78,6 +81,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="float16",
         help="how expert calls travel (int8: half the bytes)",
     )
+    train = sub.add_parser("train", help="train an experiment's model with the volunteers' experts")
+    train_login = train.add_subparsers(dest="train_action", metavar="{login}").add_parser(
+        "login", help="exchange the operator's login code for a trainer token (kept in the keyring)"
+    )
+    for p in (train, train_login):
+        p.add_argument("--coordinator", default="http://127.0.0.1:8470", help="coordinator URL")
+        p.add_argument("--data-dir", type=Path, help="the trainer's identity (default: user data dir)")
+        p.add_argument("--token-file", type=Path, help="keep the token in this 0600 file, not the keyring")
+    train_login.add_argument("--name", required=True, help="the trainer account's name")
+    train_login.add_argument("--code", help="the login code, as --code=CODE (default: asked for, not echoed)")
+    train.add_argument("--experiment", help="the experiment to train (the coordinator defines it)")
+    until = train.add_mutually_exclusive_group()
+    until.add_argument("--steps", type=int, help="stop at this collaborative step (default: Ctrl+C)")
+    until.add_argument("--samples", type=int, help="stop after this many samples of this trainer's")
+    train.add_argument(
+        "--wait-peers", type=int, default=1, help="wait (up to 2 min) until this many trainers are in"
+    )
+    train.add_argument("--data", type=Path, help=".npz with arrays x and y (another data set)")
     from . import selftest  # light: each part imports what it tests
 
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
@@ -124,12 +145,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             config=config,
             trainers=args.trainers,
         )
+    elif args.command == "train":
+        from .train import train_main  # its own module: the command's body and its credentials
+
+        return train_main(parser, args)
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
 
         if args.action == "invite":
             ttl = None if args.ttl_days is None else args.ttl_days * 86400
             eventloop.run(coordinator_cli.invite(args.config, args.name, ttl))
+        elif args.action == "grant-trainer":
+            ttl = None if args.ttl_days is None else args.ttl_days * 86400
+            eventloop.run(coordinator_cli.grant_trainer(args.config, args.name, ttl))
         elif args.action in ("disable", "enable"):
             eventloop.run(coordinator_cli.set_disabled(args.config, args.name, args.action == "disable"))
         else:

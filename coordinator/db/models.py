@@ -17,6 +17,7 @@ from sqlalchemy import (
     Integer,
     LargeBinary,
     String,
+    Text,
     UniqueConstraint,
     func,
 )
@@ -140,6 +141,19 @@ class RevokedToken(Base):
     expires_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)  # prunable after this
 
 
+class RateBucket(Base):
+    """A token bucket shared by every replica (PostgreSQL): ``tokens`` as of ``at``, the database's
+    clock in unix seconds, so a replica whose own clock is off refills it no faster or slower.
+    ``granted``: whether the last take succeeded (what the one UPDATE ... RETURNING reports)."""
+
+    __tablename__ = "rate_buckets"
+    scope: Mapped[str] = mapped_column(String(16), primary_key=True)
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float, nullable=False)
+    at: Mapped[float] = mapped_column(Float, nullable=False)
+    granted: Mapped[bool] = mapped_column(Boolean, nullable=False)
+
+
 class Receipt(Base):
     """One signed statement by a trainer: this host served this expert for so many samples."""
 
@@ -229,3 +243,77 @@ class Assignment(Base):
         UniqueConstraint("host_peer_id", "experiment", "expert_uid"),
         Index("ix_assignments_expert", "experiment", "expert_uid"),
     )
+
+
+class CollabStatus(Base):
+    """A collaborative trainer's latest report of its collaboration (``coordinator.collab_status``):
+    the swarm page's panel. Rows older than a few minutes are deleted as new reports arrive."""
+
+    __tablename__ = "collab_status"
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+    peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), primary_key=True)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False, index=True)
+    epoch: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    samples_accumulated: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    samples_per_s: Mapped[float] = mapped_column(Float, nullable=False)
+    peers: Mapped[int] = mapped_column(Integer, nullable=False)
+    last_round_epoch: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    last_round_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_round_outcome: Mapped[str] = mapped_column(String(16), nullable=False)
+    reported_at: Mapped[float] = mapped_column(Float, nullable=False, index=True)  # unix time
+
+
+class TrainerWork(Base):
+    """A trainer key's training work for one experiment: what it claims, what its receipts prove.
+
+    ``receipt_samples`` is kept by the ledger as receipts are ingested (the forward samples this key's
+    accepted receipts say it sent to the experiment's experts); ``samples_claimed`` sums the increases of
+    the processed-samples counter in the key's status reports (``run_id``/``run_samples``: the counter of
+    the current trainer process). Credited training samples are the smaller of the two."""
+
+    __tablename__ = "trainer_work"
+    peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), primary_key=True)
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), primary_key=True)
+    receipt_samples: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    samples_claimed: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    run_id: Mapped[str] = mapped_column(String(32), default="", nullable=False)
+    run_samples: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
+    updated_at: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+
+
+class Replica(Base):
+    """A coordinator process of a group sharing one PostgreSQL (``coordinator.presence``).
+
+    ``heartbeat_at`` is the database's clock, never the replica's, so a replica whose clock is off
+    is judged alive or dead like the others; ``listening`` is false while its relay listener is away.
+    """
+
+    __tablename__ = "replicas"
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    heartbeat_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), server_default=func.now(), index=True
+    )
+    listening: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
+
+
+class Presence(Base):
+    """Which replica holds a peer's signaling socket; ``conn`` names that one socket."""
+
+    __tablename__ = "presence"
+    peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    replica_id: Mapped[str] = mapped_column(
+        ForeignKey("replicas.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    conn: Mapped[str] = mapped_column(String(32), nullable=False)
+    since: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class SignalFrame(Base):
+    """A relayed signal too large for a NOTIFY payload: the notification carries this row's id."""
+
+    __tablename__ = "signal_frames"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    replica_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
+    body: Mapped[str] = mapped_column(Text, nullable=False)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())

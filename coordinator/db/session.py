@@ -34,10 +34,14 @@ def make_engine(url: str | None = None, search_path: str | None = None) -> Async
             cur.close()
 
         return engine
-    connect_args: dict[str, object] = {}
+    # timeout: a connect to a server that is away fails in 5 s (asyncpg's default is 60), and the pool
+    # pings a connection before lending it, so none that died with a restarted server is handed out.
+    connect_args: dict[str, object] = {"timeout": 5}
     if search_path is not None:
         connect_args["server_settings"] = {"search_path": search_path}
-    return create_async_engine(url, pool_size=10, max_overflow=20, connect_args=connect_args)
+    return create_async_engine(
+        url, pool_size=10, max_overflow=20, pool_timeout=10, pool_pre_ping=True, connect_args=connect_args
+    )
 
 
 def session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -4,6 +4,12 @@ The app calls :func:`migrate` at startup (upgrade to head). By hand, from the re
 
     alembic upgrade head                       # LAH_DATABASE_URL, else the SQLite file in the data dir
     alembic revision --autogenerate -m "..."   # after changing coordinator/db/models.py
+
+Replicas that start at once on one PostgreSQL database must not each run the migrations: ``migrate``
+first takes a transaction-level advisory lock (``pg_advisory_xact_lock``, keyed by the schema) in the
+transaction alembic then upgrades in (PostgreSQL's DDL is transactional). The second replica waits on
+the lock until the first commits, then finds the schema at head and does nothing; a replica killed
+mid-migration rolls back and releases the lock with its connection.
 """
 
 from __future__ import annotations
@@ -12,11 +18,14 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from ..db.session import default_url, make_engine
 
 HERE = Path(__file__).resolve().parent
+# One lock per schema; released when the migrating transaction ends, however it ends.
+MIGRATION_LOCK = text("SELECT pg_advisory_xact_lock(hashtextextended('lah:migrate:' || current_schema(), 0))")
 
 
 def alembic_config(url: str | None = None) -> Config:
@@ -33,6 +42,8 @@ async def migrate(url: str | None = None, *, search_path: str | None = None, rev
     engine = make_engine(url or default_url(), search_path=search_path)
     try:
         async with engine.begin() as conn:
+            if conn.dialect.name == "postgresql":
+                await conn.execute(MIGRATION_LOCK)
             await conn.run_sync(_upgrade, cfg, revision)
     finally:
         await engine.dispose()

@@ -7,6 +7,9 @@ Layers, bottom up (each imports only those above it in this list):
 - ``queries``, ``subjects``, ``rank``: what the pages read (leaderboards, contributor, team, host,
   milestones, find-my-rank positions).
 - ``chart``: credit over time as inline SVG drawn on the server, with its one-sentence summary.
+- ``collab``: collaborative training's panel on ``/swarm``, the Trainers tab
+  (``/leaderboard?kind=trainers``) and trainers' training samples, through ``coordinator.collab_status``
+  and ``coordinator.training``; it uses ``routes``' helpers, which import it inside their handlers.
 - ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard`` (``range=`` day/week/month),
   ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/`` and, through ``pages``,
   ``/search``, ``/rank``, ``/teams/{id}``, ``/hosts/{peer_id}``, ``/exports`` and ``/exports/{file}``;

@@ -4,7 +4,8 @@
 the range leaderboards are re-summed every ``RANGE_EVERY_S`` (``ranges.refresh``), and the dumps of
 the current UTC day are written once they are missing (checked every ``EXPORT_CHECK_S``;
 ``exports.write_dumps``, in a child process when given the database URL). A failure is logged and
-retried on the next round; it never stops the site.
+retried on the next round; it never stops the site. Given a ``leader`` (``coordinator.leader``), the
+loops are its jobs instead: with several replicas they run on the one that leads, and move with it.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ..leader import LocalLeader
 from . import exports, ranges
 
 RANGE_EVERY_S = 300.0
@@ -47,6 +49,7 @@ def start_jobs(
     clock: Callable[[], float] = time.time,
     get_database_url: Callable[[web.Application], str] | None = None,
     export_first_s: float = EXPORT_FIRST_S,
+    leader: LocalLeader | None = None,
 ) -> None:
     """``get_database_url``: write the dumps in a child process reading that database (the server's
     loop stays free); None: in this process, formatting in a worker thread."""
@@ -63,6 +66,11 @@ def start_jobs(
                 await exports.write_dumps(get_sessions(app), directory, clock())
             else:
                 await exports.write_in_child(get_database_url(app), directory, clock())
+
+    if leader is not None:
+        leader.add_job("range sums", RANGE_EVERY_S, refresh_ranges)
+        leader.add_job("daily dumps", EXPORT_CHECK_S, daily_dump, export_first_s)
+        return
 
     async def start(_: web.Application) -> None:
         app[JOBS] = [

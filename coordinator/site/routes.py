@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ ROW_1D = 16  # a one-dimensional grid wraps into rows of this many cells
 
 SessionsGetter = Callable[[web.Application], async_sessionmaker[AsyncSession]]
 ConfigGetter = Callable[[web.Application], CoordinatorConfig]
-OnlineGetter = Callable[[web.Application], Sequence[str] | None]
+OnlineGetter = Callable[[web.Application], Sequence[str] | Awaitable[Sequence[str] | None] | None]
 ExportsGetter = Callable[[web.Application], Path]
 log = logging.getLogger(__name__)
 #: Request lines the server accepts (aiohttp's default is 8190 bytes): long enough that an oversized
@@ -79,11 +80,12 @@ def services_config(app: web.Application) -> CoordinatorConfig:
     return app[SERVICES].config
 
 
-def hub_online(app: web.Application) -> Sequence[str] | None:
+async def hub_online(app: web.Application) -> Sequence[str] | None:
+    """Every replica's peers (coordinator.presence), not only this process's."""
     from ..signaling import HUB_KEY
 
     hub = app.get(HUB_KEY)
-    return None if hub is None else hub.online()
+    return None if hub is None else await hub.online_all()
 
 
 def services_database_url(app: web.Application) -> str:
@@ -332,6 +334,8 @@ def to_json(obj: Any) -> Any:
 async def _load_swarm(request: web.Request, top: int = 20) -> queries.Swarm:
     ctx = request.app[SITE]
     online = ctx.get_online(request.app) if ctx.get_online is not None else None
+    if inspect.isawaitable(online):
+        online = await online
     config = ctx.get_config(request.app)
     async with ctx.get_sessions(request.app)() as session:
         return await queries.swarm(session, config.experiments, len(online or ()), ctx.clock(), top)
@@ -347,6 +351,10 @@ async def index(request: web.Request) -> web.Response:
 
 
 async def leaderboard_page(request: web.Request) -> web.Response:
+    if request.query.get("kind") == "trainers":
+        from .collab import trainers_page
+
+        return await trainers_page(request)
     ctx = request.app[SITE]
     try:
         kind, sort, page, rng = leaderboard_params(request.query, max_page=MAX_DEPTH // ctx.per_page)
@@ -375,8 +383,13 @@ async def contributor_page(request: web.Request) -> web.Response:
         return error_page(request, 404, "There is no contributor with this id.")
     ctx = request.app[SITE]
     extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
+    from .collab import training_samples
+
     chart = chart_context(who.days, f"Daily credit, last {len(who.days)} days")
-    return render(request, "contributor.html", nav="leaderboard", who=who, extras=extras, **chart)
+    training = await training_samples(request, who.id)
+    return render(
+        request, "contributor.html", nav="leaderboard", who=who, extras=extras, training=training, **chart
+    )
 
 
 @dataclass(frozen=True)
@@ -413,6 +426,8 @@ def grid_view(exp: ExperimentCoverage) -> GridView | None:
 
 
 async def swarm_page(request: web.Request) -> web.Response:
+    from .collab import collab_panel, panel_context
+
     swarm = await _load_swarm(request)
     grids = [grid_view(e) for e in swarm.experiments]
     return render(
@@ -421,6 +436,8 @@ async def swarm_page(request: web.Request) -> web.Response:
         nav="swarm",
         swarm=swarm,
         experiments=list(zip(swarm.experiments, grids, strict=True)),
+        collaborations=await collab_panel(request),
+        **panel_context(),
     )
 
 

@@ -109,6 +109,7 @@ class CollaborativeOptimizer:
         self.size = sum(p.numel() for p in self.params)
         self.grad = torch.zeros(self.size, dtype=torch.float32)
         self.samples = 0
+        self.samples_processed = 0  # every sample ever accumulated here (the trainer's own work)
         self.epoch = 0
         self.bandwidth = config.bandwidth
         self.tracker = ProgressTracker(dht, config.run, config.target_batch_size)
@@ -182,6 +183,7 @@ class CollaborativeOptimizer:
                 p.grad = None
             offset += n
         self.samples += batch_size
+        self.samples_processed += batch_size
 
     def _sync_tracker(self) -> None:
         self.tracker.local.epoch = self.epoch

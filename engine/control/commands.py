@@ -27,6 +27,7 @@ from engine.node import (
 )
 from engine.node.tokens import default_token_store
 from engine.p2p import Identity, LinkConfig
+from engine.p2p.ice_stats import format_transport
 from engine.resources import (
     DataCapCounter,
     SystemSensors,
@@ -180,6 +181,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"served:    {status.get('requests_served')} requests, refused {status.get('requests_refused')}",
         f"traffic:   {status.get('bytes_up', 0) / 2**20:.1f} MiB up, "
         f"{status.get('bytes_down', 0) / 2**20:.1f} MiB down",
+        f"links:     {format_transport(status.get('transport') or {})}",
         f"credit:    {status.get('credit') if status.get('credit') is not None else 'unknown'}",
     ]
     if status.get("energy_kwh") is not None:

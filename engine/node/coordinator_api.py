@@ -1,5 +1,6 @@
 """The coordinator's HTTP API, the engine's one client of it: the node's accounts, host binding, token
-refresh, assignments and energy, and the trainer's bootstrap peers, receipts and spot checks.
+refresh, assignments and energy, and the trainer's login, experiment, bootstrap peers, receipts, spot
+checks and collaboration status.
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
@@ -170,6 +171,26 @@ class CoordinatorApi:
         answer: dict[str, Any] = await self._post("/api/receipts", {"receipts": batch}, token)
         return answer
 
+    async def trainer_login(self, name: str, code: str) -> Credentials:
+        """A trainer token for ``name``, for the operator's single-use login code (``lah train login``)."""
+        data = await self._post("/api/trainers/login", {"name": name, "code": code})
+        return Credentials(int(data["account"]["id"]), str(data["token"]), float(data["expires_at"]))
+
+    async def experiment(self, token: str, name: str) -> dict[str, Any]:
+        """An experiment's config (a trainer account's token); 404 ``unknown_experiment``."""
+        from urllib.parse import quote
+
+        data = await self.get(f"/api/experiments/{quote(name, safe='')}", token)
+        try:
+            return dict(data["experiment"])
+        except (KeyError, TypeError, ValueError) as e:
+            raise CoordinatorError(200, "bad_reply", f"unexpected experiment reply: {e}") from e
+
     async def post_spot_check(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
         answer: dict[str, Any] = await self._post("/api/spot-checks", report, token)
+        return answer
+
+    async def post_collab_status(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
+        """A collaborative trainer's status report (a trainer account's token): the coordinator's answer."""
+        answer: dict[str, Any] = await self._post("/api/collab/status", report, token)
         return answer

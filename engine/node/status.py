@@ -7,6 +7,8 @@ Keys (stable; new ones may be added)::
     experts                      hosted uids;  accepting: whether new work is taken now
     requests_served, requests_refused, in_flight
     bytes_up, bytes_down         over the open links
+    transport                    the links' SCTP senders summed: retransmissions, recoveries, RTO expiries,
+                                 srtt median and worst, cwnd, controllers (see engine.p2p.ice_stats)
     credit, rank                 None until the coordinator reports them
     energy_kwh                   the governor's estimate (None without one)
     dht_peers, signaling_joins, assignment_expires_in
@@ -17,6 +19,8 @@ from __future__ import annotations
 
 import time
 from typing import TYPE_CHECKING, Any
+
+from engine.p2p.ice_stats import summarize_transport, transport_stats
 
 if TYPE_CHECKING:
     from .volunteer import Volunteer
@@ -36,6 +40,7 @@ STATUS_KEYS = (
     "in_flight",
     "bytes_up",
     "bytes_down",
+    "transport",
     "credit",
     "rank",
     "energy_kwh",
@@ -78,6 +83,7 @@ def build_status(v: Volunteer) -> dict[str, Any]:
         "in_flight": v.gate.in_flight,
         "bytes_up": sum(lk.rpc.channel.bytes_sent for lk in links),
         "bytes_down": sum(lk.rpc.channel.bytes_received for lk in links),
+        "transport": summarize_transport([transport_stats(lk.pc) for lk in links]),
         "credit": v.credit,
         "rank": v.rank,
         "energy_kwh": meter.totals.kwh if meter is not None else None,

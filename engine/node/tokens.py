@@ -95,15 +95,18 @@ class KeyringTokenStore:
         self._keyring.set_password(self.service, key, value)
 
 
-def default_token_store(data_dir: Path) -> KeyringTokenStore | FileTokenStore:
+def default_token_store(
+    data_dir: Path, *, service: str = KEYRING_SERVICE, file_name: str = "token.json"
+) -> KeyringTokenStore | FileTokenStore:
     """The OS keyring where there is one; else a 0600 file in the data dir (headless Linux has no
-    keyring backend, and a volunteer's node must still start there)."""
+    keyring backend, and a volunteer's node must still start there). ``service``/``file_name``: a
+    trainer's (``lah train``) are its own, so the two never overwrite each other's token."""
     try:
         import keyring
         from keyring.backends import fail
 
         if not isinstance(keyring.get_keyring(), fail.Keyring):
-            return KeyringTokenStore()
+            return KeyringTokenStore(service)
     except Exception as e:  # a broken backend is as good as none
         logger.warning("no usable OS keyring (%s); keeping the token in a private file", e)
-    return FileTokenStore(data_dir / "token.json")
+    return FileTokenStore(data_dir / file_name)

@@ -5,6 +5,7 @@
     model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
+    collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator
     trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side);
                          with target_batch_size, the dense part steps with other trainers (engine.collab)
 

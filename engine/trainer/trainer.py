@@ -13,7 +13,9 @@ With ``target_batch_size`` (the experiment's), the dense parameters are trained 
 ``<experiment>.dense``; every trainer of the experiment accumulates gradients on its own batches and
 all take the same optimizer step once together they have processed the target. The trainer thread
 hands each batch's gradients to it on the loop (it blocks there while its group averages). Expert
-calls, receipts and spot checks are unchanged: every trainer credits the hosts that answered it.
+calls, receipts and spot checks are unchanged: every trainer credits the hosts that answered it. A
+:class:`~.collab_status.CollabStatusReporter` on the loop tells the coordinator how the collaboration
+goes and how many samples this trainer processed (the swarm page, the leaderboard's Trainers tab).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from engine.node.coordinator_api import CoordinatorApi
 from engine.node.tokens import Credentials
 from engine.p2p import Identity, LinkConfig, Peer
 
+from .collab_status import CollabStatusReporter
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts
 from .receipts import ReceiptBook, Work, sign_spot_check
 from .spot_check import SpotChecker
@@ -81,6 +84,7 @@ class TrainerConfig:
     target_batch_size: int = 0  # >0: train the dense part with the experiment's other trainers
     gather_s: float = 2.0  # collaborative matchmaking: how long peers due for a step gather
     collab_timeout_s: float = 300.0  # the longest one collaborative step may block the trainer
+    status_interval_s: float = 5.0  # collaborative: how often the coordinator hears how it goes
 
     @property
     def step_timeout_s(self) -> float:
@@ -117,6 +121,9 @@ def remote_model(
     loop: LoopThread,
     config: TrainerConfig,
     observer: Callable[[CallRecord], None] | None = None,
+    *,
+    in_features: int = 64,
+    n_classes: int = 10,
 ) -> DigitsDMoE:
     torch.manual_seed(config.seed)
     moe = RemoteMixtureOfExperts(
@@ -133,7 +140,7 @@ def remote_model(
         observer=observer,
         wire=config.wire,
     )
-    return DigitsDMoE(moe, config.dim)
+    return DigitsDMoE(moe, config.dim, in_features, n_classes)
 
 
 def local_model(config: TrainerConfig) -> DigitsDMoE:
@@ -289,23 +296,31 @@ class TrainerNode:
         config: TrainerConfig | None = None,
         link_config: LinkConfig | None = None,
         receipt_interval_s: float = 2.0,
+        credentials: Credentials | None = None,
+        on_credentials: Callable[[Credentials], None] | None = None,
     ) -> None:
+        """``credentials``: an existing trainer account's (``lah train``; else ``start`` registers
+        ``name``); ``on_credentials`` is told each refreshed token (the old one is revoked by then)."""
         self.name, self.loop = name, loop
         self.identity = identity or Identity.generate()
         self.config = config or TrainerConfig()
         self.api = CoordinatorApi(coordinator_url)
         self.link_config = link_config or LinkConfig(connect_timeout=15)
-        self.credentials: Credentials | None = None
+        self.credentials: Credentials | None = credentials
+        self.on_credentials = on_credentials
         self.peer: Peer | None = None
         self.dht: DHTNode | None = None
         self.finder: DHTExpertFinder | None = None
         self.receipts = ReceiptBook(self.identity, self._post_receipts, interval_s=receipt_interval_s)
         self.spot: SpotChecker | None = None
+        self.status: CollabStatusReporter | None = None
         self.stats = TrainStats()
 
     async def start(self) -> None:
-        """Register and bind (the account still needs the ``trainer`` role for credit), join, find peers."""
-        self.credentials = await self.api.register(self.name)
+        """Register (unless given credentials) and bind (the account needs the ``trainer`` role for
+        credit), join, find peers."""
+        if self.credentials is None:
+            self.credentials = await self.api.register(self.name)
         await self.api.bind_host(self.credentials, self.identity)
         self.peer = Peer(
             self.identity, self.api.signaling_url, config=self.link_config, token_provider=self.token
@@ -333,6 +348,8 @@ class TrainerNode:
         c = self.credentials
         if c.expires_at - time.time() < TOKEN_REFRESH_S:
             self.credentials = await self.api.refresh(c)
+            if self.on_credentials is not None:
+                self.on_credentials(self.credentials)
         return self.credentials.token
 
     async def _post_receipts(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
@@ -357,6 +374,11 @@ class TrainerNode:
         optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         collab = CollaborativeOptimizer(model, optimizer, self.peer, self.dht, collab_config)
         await collab.join()
+        self.status = CollabStatusReporter(
+            self.api, self.token, collab, cfg.uid_prefix, self.identity.peer_id,
+            interval_s=cfg.status_interval_s,
+        )
+        self.status.start()
         return collab
 
     def observe(self, record: CallRecord) -> None:
@@ -387,6 +409,8 @@ class TrainerNode:
 
     async def stop(self) -> None:
         await self.receipts.close()
+        if self.status is not None:
+            await self.status.close()
         if self.spot is not None:
             await self.spot.close()
         if self.finder is not None:

@@ -87,6 +87,10 @@ async def test_pause_resume_and_limits_through_the_control_api(
             status = await client.status()
             assert status["requests_served"] >= 2 and status["requests_refused"] >= 1
             assert status["experts"] == v.hosted_uids
+            # The trainer's calls crossed a real link with the patched sender: its counters reach status.
+            transport = status["transport"]
+            assert transport["links"] >= 1 and transport["controllers"]
+            assert transport["srtt_ms_median"] is not None and transport["cwnd_bytes"] > 0
 
             # The tray app sees the user come back where the node cannot: its reading stops work at once.
             assert status["idle_source"] == "node"

@@ -30,7 +30,8 @@ from coordinator.db.models import Host
 from coordinator.db.session import create_all, make_engine, session_factory
 from coordinator.site import exports, ranges, setup_routes
 
-from .seed import LONG_NAME, NOW, REALISTIC_EXPERIMENTS, seed_realistic
+from .seed import LONG_NAME, NOW, seed_realistic
+from .seed_collab import COLLAB_EXPERIMENTS, seed_collab
 from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, TIMEOUT_MS
 
 AXE = Path(__file__).resolve().parent / "node_modules" / "axe-core" / "axe.min.js"
@@ -47,13 +48,14 @@ async def site(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
     await create_all(engine)
     sessions = session_factory(engine)
     ids = await seed_realistic(sessions)
+    await seed_collab(sessions)
     await ranges.refresh(sessions, NOW)
     dumps = tmp_path / "exports"
     await exports.write_dumps(sessions, dumps, NOW)
     async with sessions() as s:
         host = (await s.execute(Host.__table__.select().order_by(Host.credit_total.desc()).limit(1))).first()
     assert host is not None
-    config = CoordinatorConfig(experiments=REALISTIC_EXPERIMENTS)
+    config = CoordinatorConfig(experiments=COLLAB_EXPERIMENTS)
     app = web.Application()
     setup_routes(
         app,
@@ -73,6 +75,7 @@ async def site(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
         "leaderboard-users-total": "/leaderboard?kind=users&sort=total",
         "leaderboard-teams-recent": "/leaderboard?kind=teams&sort=recent",
         "leaderboard-hosts-week": "/leaderboard?kind=hosts&range=week",
+        "leaderboard-trainers": "/leaderboard?kind=trainers",
         "leaderboard-users-day-marked": f"/leaderboard?kind=users&range=day&mark={ids[LONG_NAME]}",
         "contributor": f"/contributors/{ids[LONG_NAME]}",
         "team": f"/teams/{top_team}",
@@ -119,7 +122,7 @@ async def audit(page: Any) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.timeout(600)  # 14 pages, each loaded, measured, audited and photographed, on a shared box
+@pytest.mark.timeout(600)  # 15 pages, each loaded, measured, audited and photographed, on a shared box
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
 async def test_every_page_type_passes_axe_and_fits(

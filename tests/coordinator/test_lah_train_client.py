@@ -1,0 +1,108 @@
+"""``lah train``'s side of the trainers' API against a real coordinator (SQLite and PostgreSQL): the
+login kept where the store says, a token near its end refreshed and stored before use (the old one is
+revoked), a grant made after the login picked up, and each usage error a sentence with exit status 2."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp.test_utils import TestClient, TestServer
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from coordinator.app import create_full_app
+from coordinator.config import ExperimentConfig
+from coordinator.services import Services
+from coordinator.trainers import grant_trainer
+from engine.node.coordinator_api import CoordinatorApi
+from engine.node.errors import CoordinatorError
+from engine.node.tokens import Credentials
+from lah.train import _prepare, login_command, run_train
+from lah.train_credentials import TrainerCredentials, fresh
+
+from . import accounts_helpers as h
+
+EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], hyperparams={"d_model": 16, "hidden": 32})
+
+
+class Server:
+    def __init__(self, client: TestClient[Any, Any], services: Services) -> None:
+        self.client, self.services = client, services
+        self.url = str(client.make_url("")).rstrip("/")
+
+
+@pytest.fixture
+async def server(db: AsyncEngine, tmp_path: Path) -> AsyncIterator[Server]:
+    # Tokens live an hour: under lah train's start margin, so every start refreshes.
+    services = await h.services(
+        db, tmp_path, h.FakeClock(time.time()), verify_workers=0, experiments=[EXP], token_ttl_s=3600
+    )
+    app = await create_full_app(services.config, services)
+    async with TestClient(TestServer(app)) as client:
+        yield Server(client, services)
+
+
+async def test_login_then_a_start_refreshes_and_keeps_the_new_token(server: Server, tmp_path: Path) -> None:
+    _, code, _ = await grant_trainer(server.services.accounts, "ada", by=None)
+    store = TrainerCredentials(tmp_path, tmp_path / "token.json")
+    assert "token.json" in await login_command(server.url, "ada", code, store)
+    first = store.load(server.url)
+    assert first is not None and server.services.tokens.decode(first.token).role == "trainer"
+    api = CoordinatorApi(server.url)
+    try:
+        second = await fresh(api, store, first)
+        assert second.token != first.token and store.load(server.url) == second
+        with pytest.raises(CoordinatorError) as refused:  # refreshing revoked the old one
+            await api.experiment(first.token, "ffn")
+        assert (refused.value.status, refused.value.code) == (401, "token_revoked")
+        assert (await api.experiment(second.token, "ffn"))["grid"] == [2, 2]
+    finally:
+        await api.close()
+
+
+async def test_a_grant_after_the_login_gives_a_token_with_the_trainer_role(
+    server: Server, tmp_path: Path
+) -> None:
+    account = await server.services.accounts.register("ada")
+    token = server.services.tokens.issue(account.id, "volunteer")  # e.g. the volunteer's own
+    claims = server.services.tokens.decode(token)
+    creds = Credentials(account.id, token, claims.exp + 86400)  # as if far from its end: no refresh for that
+    store = TrainerCredentials(tmp_path, tmp_path / "token.json")
+    await grant_trainer(server.services.accounts, "ada", by=None)
+    got, name, spec = await _prepare(CoordinatorApi(server.url), store, creds, "ffn")
+    assert name == "ada" and spec["name"] == "ffn"
+    assert server.services.tokens.decode(got.token).role == "trainer" and store.load(server.url) == got
+
+
+async def test_usage_errors_are_sentences_with_status_2(server: Server, tmp_path: Path) -> None:
+    said: list[str] = []
+    store_file = tmp_path / "token.json"
+
+    def train(experiment: str = "ffn") -> int:
+        return run_train(
+            server.url, experiment, steps=1, data_dir=tmp_path, token_file=store_file, say=said.append
+        )
+
+    # no login yet
+    assert await asyncio.to_thread(train) == 2
+    assert "lah train login" in said[-1]
+    # an unknown experiment
+    _, code, _ = await grant_trainer(server.services.accounts, "ada", by=None)
+    await login_command(server.url, "ada", code, TrainerCredentials(tmp_path, store_file))
+    assert await asyncio.to_thread(train, "nope") == 2
+    assert "no experiment called 'nope'" in said[-1]
+    # the role taken back
+    await server.services.accounts.set_role("ada", "volunteer", by=None)
+    assert await asyncio.to_thread(train) == 2
+    assert "not a trainer" in said[-1] and "grant-trainer" in said[-1]
+    # disabled
+    await server.services.accounts.set_role("ada", "trainer", by=None)
+    await server.services.accounts.set_disabled("ada", True, by=None)
+    assert await asyncio.to_thread(train) == 2
+    assert "account_disabled" in said[-1]
+    stored = TrainerCredentials(tmp_path, store_file).load(server.url)
+    assert stored is not None and all(stored.token not in line for line in said)

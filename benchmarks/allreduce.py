@@ -48,7 +48,7 @@ def _values(i: int, n: int) -> Any:
 def _sample_indices(n: int) -> Any:
     import torch
 
-    return torch.linspace(0, n - 1, SAMPLE).long()
+    return torch.linspace(0, n - 1, SAMPLE, dtype=torch.float64).long()  # float32 cannot hold 25M - 1
 
 
 def _peak_rss_mib() -> float:
@@ -164,64 +164,73 @@ def main() -> None:
         proc.start()
         pipes.append(parent)
         procs.append(proc)
-    ids = [p.recv() for p in pipes]
-    for p in pipes:
-        p.send(ids)
-    assert all(p.recv() == "connected" for p in pipes)
-    for p in pipes:
-        p.send("probe")
-    bandwidths = [float(p.recv()) for p in pipes]
-    parts = balance_parts(n, bandwidths)
-    print(
-        f"{n:,} float32 parameters among {PEERS} peers; bandwidths (MB/s each way): "
-        f"{[round(b / 1e6, 1) for b in bandwidths]}; parts {parts}"
-    )
+    try:
+        ids = [p.recv() for p in pipes]
+        for p in pipes:
+            p.send(ids)
+        assert all(p.recv() == "connected" for p in pipes)
+        for p in pipes:
+            p.send("probe")
+        bandwidths = [float(p.recv()) for p in pipes]
+        parts = balance_parts(n, bandwidths)
+        print(
+            f"{n:,} float32 parameters among {PEERS} peers; bandwidths (MB/s each way): "
+            f"{[round(b / 1e6, 1) for b in bandwidths]}; parts {parts}"
+        )
 
-    sample = _sample_indices(n)
-    expected = torch.stack([_values(i, n)[sample] for i in range(PEERS)]).mean(0)
-    figures: dict[str, Any] = {"params": n, "peers": PEERS, "bandwidths_MBps": [b / 1e6 for b in bandwidths]}
-    rss: list[float] = []
-    over: list[float] = []
-    for comp, name in ((Compression.NONE, "float32"), (Compression.INT8, "int8")):
-        bound = round_time_bound(int(n * bytes_per_element(comp)), parts, bandwidths)
-        times: list[float] = []
-        for r in range(repeats):
-            group = Group(f"bench/{name}/{r}", tuple(ids), parts, comp)
-            for p in pipes:
-                p.send(group)
-            results = [p.recv() for p in pipes]
-            times.append(max(res["seconds"] for res in results))
-            assert all(res["complete"] for res in results), "a round did not complete"
-            got = torch.tensor(results[0]["sample"])
-            assert all(res["sample"] == results[0]["sample"] for res in results), "members disagree"
-            err = float((got - expected).abs().max())
-            tolerance = 1e-5 if comp == Compression.NONE else float(expected.abs().max()) / 50
-            assert err <= tolerance, f"{name}: error {err} over {tolerance}"
-            rss = [res["peak_rss_mib"] for res in results]
-            over = [res["peak_rss_mib"] - res["baseline_mib"] for res in results]
-        seconds = statistics.median(times)
-        suffix = "" if comp == Compression.NONE else "_int8"
-        figures[f"seconds{suffix}"] = seconds
-        figures[f"seconds{suffix}_min"] = min(times)
-        figures[f"seconds{suffix}_max"] = max(times)
-        figures[f"bound_seconds{suffix}"] = bound
-        figures[f"ratio{suffix}"] = seconds / bound
-        print(f"{name}: {_spread(times)}; bound {bound:.2f} s; ratio {seconds / bound:.2f}")
-    vector_mib = n * 4 / MIB
-    figures["peak_rss_mib"] = rss
-    figures["rss_over_baseline_mib"] = over
-    figures["rss_vs_vector"] = max(over) / vector_mib
-    figures["vector_mib"] = vector_mib
-    figures["load_avg_1m"] = os.getloadavg()[0]
-    print(
-        f"peak RSS per peer (MiB): {[round(x) for x in rss]}; over baseline {[round(x) for x in over]} "
-        f"= {max(over) / vector_mib:.2f}x the {vector_mib:.0f} MiB vector; load {os.getloadavg()[0]:.1f}"
-    )
-    for p in pipes:
-        p.send("stop")
-    for proc in procs:
-        proc.join(60)
-    stop.set()
+        sample = _sample_indices(n)
+        expected = torch.stack([_values(i, n)[sample] for i in range(PEERS)]).mean(0)
+        figures: dict[str, Any] = {
+            "params": n,
+            "peers": PEERS,
+            "bandwidths_MBps": [b / 1e6 for b in bandwidths],
+        }
+        rss: list[float] = []
+        over: list[float] = []
+        for comp, name in ((Compression.NONE, "float32"), (Compression.INT8, "int8")):
+            bound = round_time_bound(int(n * bytes_per_element(comp)), parts, bandwidths)
+            times: list[float] = []
+            for r in range(repeats):
+                group = Group(f"bench/{name}/{r}", tuple(ids), parts, comp)
+                for p in pipes:
+                    p.send(group)
+                results = [p.recv() for p in pipes]
+                times.append(max(res["seconds"] for res in results))
+                assert all(res["complete"] for res in results), "a round did not complete"
+                got = torch.tensor(results[0]["sample"])
+                assert all(res["sample"] == results[0]["sample"] for res in results), "members disagree"
+                err = float((got - expected).abs().max())
+                tolerance = 1e-5 if comp == Compression.NONE else float(expected.abs().max()) / 50
+                assert err <= tolerance, f"{name}: error {err} over {tolerance}"
+                rss = [res["peak_rss_mib"] for res in results]
+                over = [res["peak_rss_mib"] - res["baseline_mib"] for res in results]
+            seconds = statistics.median(times)
+            suffix = "" if comp == Compression.NONE else "_int8"
+            figures[f"seconds{suffix}"] = seconds
+            figures[f"seconds{suffix}_min"] = min(times)
+            figures[f"seconds{suffix}_max"] = max(times)
+            figures[f"bound_seconds{suffix}"] = bound
+            figures[f"ratio{suffix}"] = seconds / bound
+            print(f"{name}: {_spread(times)}; bound {bound:.2f} s; ratio {seconds / bound:.2f}")
+        vector_mib = n * 4 / MIB
+        figures["peak_rss_mib"] = rss
+        figures["rss_over_baseline_mib"] = over
+        figures["rss_vs_vector"] = max(over) / vector_mib
+        figures["vector_mib"] = vector_mib
+        figures["load_avg_1m"] = os.getloadavg()[0]
+        print(
+            f"peak RSS per peer (MiB): {[round(x) for x in rss]}; over baseline {[round(x) for x in over]} "
+            f"= {max(over) / vector_mib:.2f}x the {vector_mib:.0f} MiB vector; load {os.getloadavg()[0]:.1f}"
+        )
+        for p in pipes:
+            p.send("stop")
+        for proc in procs:
+            proc.join(60)
+    finally:  # a failed check must not leave the hub thread and four peers running
+        for proc in procs:
+            if proc.is_alive():
+                proc.terminate()
+        stop.set()
     print(json.dumps(figures))
 
 

@@ -9,13 +9,17 @@ The digits task (sklearn's bundled 8x8 digits), an MLP, Adam. Three runs in one 
 - churn: as collab, but one trainer is killed at epoch ``S / 2`` and a new one joins at ``3 S / 4``,
   downloading parameters and optimizer state from the others (``state_download_s``).
 
-Trainers are throttled to a fixed number of samples per second (as if their compute took that long),
-so the collaboration's progress records keep up and each epoch's batch is close to ``B``; the samples
-actually averaged are printed next to ``S * B``. Accuracies are on the held-out split, from trainer 0's
-model (collab members hold identical models; the check is printed).
+Trainers are throttled to a fixed number of samples per second (as if their compute took that long).
+Each epoch's batch lands within half a trainer batch of ``B`` (the optimizer holds back a batch that
+would overshoot); the samples actually averaged per epoch are printed. Like for like, ``acc_single`` is
+one trainer with batch ``B`` for as many samples as the collaboration used, and
+``acc_single_same_batches`` one trainer taking exactly the collaboration's per-epoch batch sizes (same
+steps, same samples, same learning rate). Accuracies are on the held-out split, from trainer 0's model
+(collab members hold identical models; the check is printed). Each repeat draws another model
+initialisation and other batch orders; medians over repeats, with each repeat's figures.
 
-    .venv/bin/python benchmarks/collab_training.py --quick   # S = 12, within about 60 s
-    .venv/bin/python benchmarks/collab_training.py           # S = 40
+    .venv/bin/python benchmarks/collab_training.py --quick   # S = 12, one repeat, within about 60 s
+    .venv/bin/python benchmarks/collab_training.py           # S = 40, 3 repeats
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import asyncio
 import json
 import logging
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -41,8 +46,8 @@ RATES = (30.0, 20.0, 15.0, 10.0)  # samples per second per trainer: unequal, as 
 LR = 3e-3
 
 
-def make_model() -> nn.Module:
-    torch.manual_seed(0)  # the run's seed: every trainer starts from the same parameters
+def make_model(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)  # the run's seed: every trainer starts from the same parameters
     return nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
 
 
@@ -51,12 +56,12 @@ def accuracy(model: nn.Module, data: Digits) -> float:
         return float((model(data.x_test).argmax(1) == data.y_test).float().mean())
 
 
-def train_single(data: Digits, steps: int) -> float:
-    model = make_model()
+def train_single(data: Digits, batches: list[int], seed: int = 0) -> float:
+    model = make_model(seed)
     opt = torch.optim.Adam(model.parameters(), lr=LR)
-    gen = torch.Generator().manual_seed(1)
-    for _ in range(steps):
-        idx = torch.randint(0, len(data.x_train), (B,), generator=gen)
+    gen = torch.Generator().manual_seed(1 + 1000 * seed)
+    for size in batches:
+        idx = torch.randint(0, len(data.x_train), (size,), generator=gen)
         opt.zero_grad()
         nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx]).backward()
         opt.step()
@@ -64,9 +69,10 @@ def train_single(data: Digits, steps: int) -> float:
 
 
 class Swarm:
-    def __init__(self, url: str, run: str) -> None:
+    def __init__(self, url: str, run: str, seed: int) -> None:
         self.url = url
         self.run = run
+        self.seed = seed
         self.peers: list[Any] = []
         self.nodes: list[Any] = []
 
@@ -84,7 +90,7 @@ class Swarm:
             await node.bootstrap([self.nodes[0].peer_id])
         self.peers.append(peer)
         self.nodes.append(node)
-        model = make_model()
+        model = make_model(self.seed)
         config = CollabConfig(
             run=self.run,
             target_batch_size=B,
@@ -111,13 +117,13 @@ async def run_trainer(opt: Any, data: Digits, rate: float, until: int, seed: int
         await asyncio.sleep(max(0.0, batch / rate - (time.monotonic() - started)))
 
 
-async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[str, Any]:
-    swarm = Swarm(url, f"bench-{'churn' if churn else 'collab'}")
+async def collab_run(url: str, data: Digits, steps: int, churn: bool, seed: int) -> dict[str, Any]:
+    swarm = Swarm(url, f"bench-{'churn' if churn else 'collab'}-{seed}", seed)
     opts = [await swarm.add_trainer() for _ in RATES]
     for o in opts:
         await o.join()
     tasks = [
-        asyncio.create_task(run_trainer(o, data, r, steps, seed=10 + i))
+        asyncio.create_task(run_trainer(o, data, r, steps, seed=10 + i + 1000 * seed))
         for i, (o, r) in enumerate(zip(opts, RATES, strict=True))
     ]
     out: dict[str, Any] = {}
@@ -134,7 +140,7 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
         out["state_download_s"] = time.monotonic() - started
         out["state_donors"] = len(report.parts_from) if report else 0
         opts.append(late)
-        tasks.append(asyncio.create_task(run_trainer(late, data, RATES[3], steps, seed=99)))
+        tasks.append(asyncio.create_task(run_trainer(late, data, RATES[3], steps, seed=99 + 1000 * seed)))
     await asyncio.gather(*(t for i, t in enumerate(tasks) if not (churn and i == 3)))
     live = [o for i, o in enumerate(opts) if not (churn and i == 3)]
     out["acc"] = accuracy(opts[0].model, data)
@@ -144,6 +150,12 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
         for a, b in zip(o.model.parameters(), live[0].model.parameters(), strict=True)
     )
     out["samples"] = sum(r.samples for o in opts for r in o.reports)
+    per_epoch: dict[int, int] = {}
+    for o in opts:
+        for r in o.reports:
+            if r.group_size > 0:
+                per_epoch[r.epoch] = per_epoch.get(r.epoch, 0) + r.samples
+    out["batches"] = [per_epoch[e] for e in sorted(per_epoch)]
     out["alone_steps"] = sum(1 for o in opts for r in o.reports if r.group_size == 1)
     out["late_skips"] = sum(1 for o in opts for r in o.reports if r.group_size == 0)
     out["incomplete_rounds"] = sum(1 for o in opts for r in o.reports if r.round and not r.round.complete)
@@ -153,35 +165,30 @@ async def collab_run(url: str, data: Digits, steps: int, churn: bool) -> dict[st
     return out
 
 
-async def main_async(steps: int) -> dict[str, Any]:
-    from coordinator.app import start
-    from engine.p2p.patches import install, pin_host_addresses
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs)
 
-    pin_host_addresses(["127.0.0.1"])
-    install(strict=True)
-    data = load_digits_split()
-    coordinator = await start("127.0.0.1", 0)
-    try:
-        started = time.monotonic()
-        single = train_single(data, steps)
-        collab, churn = await asyncio.gather(
-            collab_run(coordinator.signaling_url, data, steps, churn=False),
-            collab_run(coordinator.signaling_url, data, steps, churn=True),
-        )
-        elapsed = time.monotonic() - started
-    finally:
-        await coordinator.stop()
-    # the same number of samples as the collaboration used (its epochs overshoot B a little)
-    single_equal = train_single(data, round(collab["samples"] / B))
+
+async def one_repeat(url: str, data: Digits, steps: int, seed: int) -> dict[str, Any]:
+    started = time.monotonic()
+    collab, churn = await asyncio.gather(
+        collab_run(url, data, steps, churn=False, seed=seed),
+        collab_run(url, data, steps, churn=True, seed=seed),
+    )
+    elapsed = time.monotonic() - started
+    batches = collab["batches"]
     return {
-        "steps": steps,
-        "target_batch_size": B,
-        "samples_single": steps * B,
-        "acc_single_same_steps": single,
-        "acc_single": single_equal,
-        "samples_single_same_samples": round(collab["samples"] / B) * B,
+        "seed": seed,
+        "acc_single_same_steps": train_single(data, [B] * steps, seed),
+        # the same number of samples as the collaboration used, in batches of B
+        "acc_single": train_single(data, [B] * round(collab["samples"] / B), seed),
+        # exactly the collaboration's per-epoch batches: same steps, same samples
+        "acc_single_same_batches": train_single(data, batches, seed),
         "acc_collab": collab["acc"],
         "samples_collab": collab["samples"],
+        "epoch_samples_mean": statistics.mean(batches) if batches else 0.0,
+        "epoch_samples_min": min(batches, default=0),
+        "epoch_samples_max": max(batches, default=0),
         "collab_identical_models": collab["identical"],
         "acc_with_churn": churn["acc"],
         "samples_with_churn": churn["samples"],
@@ -193,8 +200,61 @@ async def main_async(steps: int) -> dict[str, Any]:
         "collab_epochs": collab["epochs"],
         "state_downloads": collab["downloads"] + churn["downloads"],
         "seconds": elapsed,
-        "load_avg_1m": os.getloadavg()[0],
     }
+
+
+async def main_async(steps: int, repeats: int) -> dict[str, Any]:
+    from coordinator.app import start
+    from engine.p2p.patches import install, pin_host_addresses
+
+    pin_host_addresses(["127.0.0.1"])
+    install(strict=True)
+    data = load_digits_split()
+    coordinator = await start("127.0.0.1", 0)
+    runs = []
+    try:
+        for seed in range(repeats):
+            run = await one_repeat(coordinator.signaling_url, data, steps, seed)
+            runs.append(run)
+            print(
+                f"repeat {seed}: single {run['acc_single']:.3f} (same batches "
+                f"{run['acc_single_same_batches']:.3f}), collab {run['acc_collab']:.3f} "
+                f"({run['samples_collab']} samples, per epoch {run['epoch_samples_min']}-"
+                f"{run['epoch_samples_max']}, identical: {run['collab_identical_models']}), churn "
+                f"{run['acc_with_churn']:.3f}, state download {run['state_download_s']:.2f} s, "
+                f"{run['seconds']:.0f} s",
+                flush=True,
+            )
+    finally:
+        await coordinator.stop()
+    figures: dict[str, Any] = {"steps": steps, "target_batch_size": B, "repeats": repeats}
+    for key in (
+        "acc_single",
+        "acc_single_same_batches",
+        "acc_single_same_steps",
+        "acc_collab",
+        "acc_with_churn",
+        "state_download_s",
+        "epoch_samples_mean",
+        "samples_collab",
+        "seconds",
+    ):
+        figures[key] = _median([r[key] for r in runs])
+    gaps = [r["acc_single"] - r["acc_collab"] for r in runs]
+    churn_gaps = [r["acc_single"] - r["acc_with_churn"] for r in runs]
+    figures["gap_median"] = _median(gaps)
+    figures["gap_min"], figures["gap_max"] = min(gaps), max(gaps)
+    figures["churn_gap_median"] = _median(churn_gaps)
+    figures["epoch_samples_min"] = min(r["epoch_samples_min"] for r in runs)
+    figures["epoch_samples_max"] = max(r["epoch_samples_max"] for r in runs)
+    figures["all_identical_models"] = all(
+        r["collab_identical_models"] and r["churn_identical_models"] for r in runs
+    )
+    for key in ("alone_steps", "late_skips", "incomplete_rounds", "state_downloads"):
+        figures[key] = sum(r[key] for r in runs)
+    figures["runs"] = runs
+    figures["load_avg_1m"] = os.getloadavg()[0]
+    return figures
 
 
 def main() -> None:
@@ -203,6 +263,7 @@ def main() -> None:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
     logging.getLogger("bench").setLevel(logging.INFO)
@@ -210,14 +271,15 @@ def main() -> None:
         logging.getLogger(name).setLevel(logging.ERROR)
     torch.set_num_threads(1)
     steps = args.steps or (12 if args.quick else 40)
-    figures = asyncio.run(main_async(steps))
+    repeats = args.repeats or (1 if args.quick else 3)
+    figures = asyncio.run(main_async(steps, repeats))
     print(
-        f"single {figures['acc_single']:.3f} ({figures['samples_single_same_samples']} samples; "
-        f"{figures['acc_single_same_steps']:.3f} after {figures['steps']} steps); "
-        f"collab {figures['acc_collab']:.3f} ({figures['samples_collab']} samples, identical models: "
-        f"{figures['collab_identical_models']}); with churn {figures['acc_with_churn']:.3f}; "
-        f"state download {figures['state_download_s']:.2f} s; {figures['seconds']:.0f} s, "
-        f"load {figures['load_avg_1m']:.1f}"
+        f"medians of {repeats}: single {figures['acc_single']:.3f} (same batches "
+        f"{figures['acc_single_same_batches']:.3f}), collab {figures['acc_collab']:.3f} (gap "
+        f"{figures['gap_median']:+.3f}, from {figures['gap_min']:+.3f} to {figures['gap_max']:+.3f}; "
+        f"epochs of {figures['epoch_samples_min']}-{figures['epoch_samples_max']} samples for {B}), "
+        f"with churn {figures['acc_with_churn']:.3f}; state download {figures['state_download_s']:.2f} s; "
+        f"identical models: {figures['all_identical_models']}; load {figures['load_avg_1m']:.1f}"
     )
     print(json.dumps(figures))
 

@@ -5,11 +5,13 @@ Wire (``engine.p2p`` unary calls, one per chunk; the sender is the link's authen
 
     collab.reduce  {"round": str, "chunk": int, "weight": float} [float32 chunk]  ->  [float32 average]
 
-Back-pressure: at most ``window`` chunk calls are in flight per reducer, and each call's reply comes only
+Back-pressure: at most ``window`` chunk calls are in flight per reducer (counted in uncompressed chunks:
+a compressed round keeps as many bytes in flight, ``window * 4 / bytes per element`` chunks, so that its
+smaller messages do not leave the links idle waiting for replies), and each call's reply comes only
 when the chunk is averaged, so a member can never run ahead of the slowest live member by more than
-``window`` chunks, and the transport's credit window bounds the bytes queued on each link. The vector is
+that many chunks, and the transport's credit window bounds the bytes queued on each link. The vector is
 averaged in place (each reply overwrites the chunk it answers), so a member holds its vector once, plus
-its own slice's accumulator, plus residuals when compression is lossy.
+its own slice's accumulator, plus residuals (bfloat16, half the vector) when compression is lossy.
 
 Faults: a reducer that fails (call timeout, lost link, refused chunk, a reply of the wrong size or with
 non-finite values) is named in the log; the rest of its slice keeps this member's local values. The
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
-from engine.wire import Kind, Message, WireError
+from engine.wire import Compression, Kind, Message, WireError
 
 from .codec import ErrorFeedback, bytes_per_element
 from .errors import PartRejected
@@ -111,7 +113,7 @@ class AllReduceService:
             raise RemoteError("rejected", str(e)) from e
         except TimeoutError as e:
             raise RemoteError("timeout", f"chunk {chunk} of {round_id} was not averaged in time") from e
-        return Message(Kind.RESPONSE, 0, tensors=[result], compression=reducer.compression)
+        return Message(Kind.RESPONSE, 0, tensors=[result], compression=reducer.sent_as[chunk])
 
     # -- running a round -------------------------------------------------------------------------
 
@@ -168,6 +170,10 @@ class AllReduceService:
         report.seconds = time.monotonic() - started
         return report
 
+    def window_for(self, compression: Compression) -> int:
+        """Chunk calls in flight per reducer: the same bytes in flight whatever the compression."""
+        return max(1, round(self.config.window * 4 / bytes_per_element(compression)))
+
     def _count_chunks(self, group: Group, j: int) -> int:
         return -(-group.parts[j] // self.config.chunk)
 
@@ -200,7 +206,7 @@ class AllReduceService:
             return
 
         failed: list[str] = []
-        window = asyncio.Semaphore(self.config.window)
+        window = asyncio.Semaphore(self.window_for(group.compression))
         call_timeout = 3 * self.config.stall_timeout + 10
 
         async def one(c: int) -> None:

@@ -44,6 +44,19 @@ class Group:
         lo = sum(self.parts[:i])
         return lo, lo + self.parts[i]
 
+    def resized(self, size: int, round_id: str, compression: Compression) -> Group:
+        """The same members reducing the same shares of another vector of ``size`` elements (a second
+        round within one step). Deterministic, so every member derives the same group on its own."""
+        total = self.vector_size
+        if size < 0 or total <= 0:
+            raise MatchmakingFailed("a resized group needs a non-empty original and size >= 0")
+        ideal = [p * size / total for p in self.parts]
+        parts = [p * size // total for p in self.parts]
+        order = sorted((i for i, p in enumerate(self.parts) if p > 0), key=lambda i: (parts[i] - ideal[i], i))
+        for j in range(size - sum(parts)):
+            parts[order[j % len(order)]] += 1
+        return Group(round_id, self.members, tuple(parts), compression)
+
 
 class GroupWire(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     round_id: str

@@ -2,9 +2,18 @@
 
 Each call to :meth:`step` (after ``loss.backward()``) adds this batch's gradients, weighted by its size,
 to one flat accumulator and updates the published progress. When the collaboration as a whole has
-accumulated ``target_batch_size`` samples (or will have within the matchmaking time), the peers due form
-a group, average their mean gradients weighted by their sample counts, and every member applies the
-same averaged gradient with its optimizer: identical inputs, identical steps. A peer that could not get
+accumulated ``target_batch_size`` samples, the peers due form a group, average their mean gradients
+weighted by their sample counts, and every member applies the same averaged gradient with its
+optimizer: identical inputs, identical steps.
+
+Epochs hit the target to within half a batch: a batch that arrives when the collaboration (as this
+peer estimates it) already has the target, or is closer to it without the batch than with it, is held
+back (its ``.grad`` tensors are kept aside, no extra copy) and counts towards the next epoch; a peer
+that stops to match publishes its count with a rate of 0, so the others count it exactly rather than
+extrapolating samples it no longer computes. Every ``average_state_every`` epochs the group also
+averages parameters and optimizer state (Adam's moments: every floating tensor of a parameter's shape)
+through the same all-reduce, uncompressed, which pulls together members that drifted apart (a step
+taken alone, a round that kept local values). A peer that could not get
 into a group, or whose round lost a reducer, steps with its local gradient for what was not averaged and
 logs so. After a step a donor snapshots its state for newcomers (:mod:`state`). A peer that finds the
 collaboration ahead of it downloads the state instead of stepping.
@@ -15,7 +24,9 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -28,12 +39,29 @@ from engine.wire import Compression
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
 from .codec import ErrorFeedback
 from .errors import GroupClosed, MatchmakingFailed, StateDownloadFailed
+from .group import Group
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .progress import CollabProgress
 from .state import DownloadReport, StateDonor, download_state, load_snapshot, take_snapshot
 from .tracker import ProgressTracker
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+def relayed_links(peer: Peer) -> list[str]:
+    """The peers this one reaches only through a TURN relay (a relayed peer acts as a client)."""
+    return [
+        remote for remote, link in peer.links.items() if "relay" in (selected_candidate_types(link.pc) or ())
+    ]
+
+
+def holds_back(samples: float, batch: int, target: int) -> bool:
+    """Whether a batch of ``batch`` samples goes to the next epoch rather than this one, when the
+    collaboration has ``samples`` towards ``target`` without it: when adding it would overshoot the
+    target by more than leaving it out falls short. So epochs land within half a batch of the target."""
+    return samples > 0 and samples + batch / 2 > target
 
 
 @dataclass
@@ -47,6 +75,7 @@ class CollabConfig:
     publish_period_s: float = 1.0
     refresh_period_s: float = 0.5
     serve_state: bool = True
+    average_state_every: int = 10  # epochs between parameter + optimizer state averaging; 0: never
     allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
     matchmaking: MatchmakingConfig = field(default_factory=MatchmakingConfig)
 
@@ -58,6 +87,7 @@ class StepReport:
     samples: int  # this peer's contribution
     round: RoundReport | None
     alone_because: str | None = None
+    state_round: RoundReport | None = None  # the parameter + optimizer state averaging, when due
 
 
 class CollaborativeOptimizer:
@@ -92,12 +122,10 @@ class CollaborativeOptimizer:
         self.downloads: list[DownloadReport] = []
         self._last_publish = -math.inf
         self._last_refresh = -math.inf
-        self._rate_since = time.monotonic()
-        self._rate_samples = 0
+        self._last_call: float | None = None  # when step() was last called
+        self._blocked_s = 0.0  # since then, seconds spent matching, averaging and taking state
         self._diverged_at: float | None = None  # when we last stepped without the others
         self._behind_since: float | None = None  # when we first saw the others an epoch ahead
-        self._last_step: float | None = None
-        self._batch_s = 0.0  # seconds between our step() calls (a batch's compute), smoothed
 
     # -- joining ---------------------------------------------------------------------------------
 
@@ -143,69 +171,83 @@ class CollaborativeOptimizer:
 
     # -- training --------------------------------------------------------------------------------
 
-    def accumulate(self, batch_size: int) -> None:
+    def accumulate(self, batch_size: int, grads: list[torch.Tensor | None] | None = None) -> None:
+        """Add a batch's mean gradients (the parameters' ``.grad``, or ``grads`` held back earlier)."""
         offset = 0
-        for p in self.params:
+        for i, p in enumerate(self.params):
             n = p.numel()
-            if p.grad is not None:
-                self.grad[offset : offset + n].add_(p.grad.reshape(-1), alpha=float(batch_size))
+            g = p.grad if grads is None else grads[i]
+            if g is not None:
+                self.grad[offset : offset + n].add_(g.reshape(-1), alpha=float(batch_size))
+            if grads is None:
                 p.grad = None
             offset += n
         self.samples += batch_size
         self.samples_processed += batch_size
-        self._rate_samples += batch_size
 
     def _sync_tracker(self) -> None:
-        now = time.monotonic()
-        if now - self._rate_since >= 1.0:
-            rate = self._rate_samples / (now - self._rate_since)
-            c = self.tracker.local
-            c.samples_per_second = (
-                rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
-            )
-            self._rate_since, self._rate_samples = now, 0
         self.tracker.local.epoch = self.epoch
         self.tracker.local.samples = self.samples
 
     async def step(self, batch_size: int) -> StepReport | None:
         """Call after ``loss.backward()``; returns a report when a collaborative step was taken."""
+        # Our rate is compute speed, batch by batch: the time between our calls less the time spent
+        # in here matching, averaging and taking state (the others extrapolate our progress with it;
+        # counting that time would make them think us slower, counting less would make them think
+        # us faster, and step early).
         now = time.monotonic()
-        if self._last_step is not None:  # the batch's compute: from our last return to this call
-            gap = min(now - self._last_step, 60.0)
-            self._batch_s = gap if self._batch_s == 0 else 0.7 * self._batch_s + 0.3 * gap
-        try:
-            return await self._step(batch_size)
-        finally:
-            self._last_step = time.monotonic()
+        if self._last_call is not None and batch_size > 0:
+            compute = now - self._last_call - self._blocked_s
+            rate = batch_size / max(compute, 1e-3, 0.1 * (now - self._last_call))
+            c = self.tracker.local
+            c.samples_per_second = (
+                rate if c.samples_per_second == 0 else 0.7 * c.samples_per_second + 0.3 * rate
+            )
+        self._last_call, self._blocked_s = now, 0.0
+        return await self._step(batch_size)
 
     async def _step(self, batch_size: int) -> StepReport | None:
-        self.accumulate(batch_size)
-        self._sync_tracker()
         now = time.monotonic()
-        if now - self._last_publish >= self.config.publish_period_s:
-            self._last_publish = now
-            await self.tracker.publish()
         refreshed = now - self._last_refresh >= self.config.refresh_period_s
         if refreshed:
             self._last_refresh = now
+            self._sync_tracker()
             progress = await self.tracker.refresh()
         else:
             progress = self.tracker.progress()
         if progress.epoch > self.epoch:
+            self.accumulate(batch_size)
             if refreshed:
-                await self._catch_up(progress)
+                await self._blocking(self._catch_up(progress))
             return None
         if self._diverged_at is not None and now - self._diverged_at > self.config.matchmaking.gather_s * 3:
-            await self._resync()
-        if self._due(progress):
-            return await self.global_step()
+            await self._blocking(self._resync())
+        if holds_back(progress.samples, batch_size, progress.target):
+            # The collaboration has its batch without this one (or is closer to it): step first, and
+            # let this batch count towards the next epoch.
+            held: list[torch.Tensor | None] = [p.grad for p in self.params]
+            for p in self.params:
+                p.grad = None
+            report = await self._blocking(self.global_step())
+            self.accumulate(batch_size, held)
+            self._sync_tracker()
+            return report
+        self.accumulate(batch_size)
+        self._sync_tracker()
+        if now - self._last_publish >= self.config.publish_period_s:
+            self._last_publish = now
+            await self.tracker.publish()
+        if self.tracker.progress().ready:
+            return await self._blocking(self.global_step())
         return None
 
-    def _due(self, progress: CollabProgress) -> bool:
-        # Start matching a little early: the others notice the target only one refresh later, and we
-        # look again only after our next batch, which may take a while on a slow machine.
-        lead_time = self.config.refresh_period_s + self.config.matchmaking.gather_s / 2 + self._batch_s
-        return progress.ready or progress.eta_s <= lead_time
+    async def _blocking(self, work: Awaitable[T]) -> T:
+        """Run ``work`` (matching, averaging, taking state), its time not counted as compute."""
+        started = time.monotonic()
+        try:
+            return await work
+        finally:
+            self._blocked_s += time.monotonic() - started
 
     async def _catch_up(self, progress: CollabProgress) -> None:
         logger.info(
@@ -248,8 +290,16 @@ class CollaborativeOptimizer:
         alone = None
         report = None
         samples = self.samples
+        # We compute nothing while we match: say so, so that the others count our samples exactly
+        # instead of extrapolating ones we will never add.
+        rate = self.tracker.local.samples_per_second
+        self.tracker.local.samples_per_second = 0.0
+        self.tracker.local.samples = samples
+        await self.tracker.publish()
+        self.tracker.local.samples_per_second = rate
         if samples > 0:
             self.grad.div_(samples)
+        group = None
         try:
             group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client, self._peers_here())
         except GroupClosed as e:
@@ -286,6 +336,10 @@ class CollaborativeOptimizer:
             offset += n
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        state_round = None
+        every = self.config.average_state_every
+        if group is not None and len(group.members) > 1 and every > 0 and epoch % every == 0:
+            state_round = await self._average_state(group)
         others = self.tracker.progress().peers > 1
         if others and (alone is not None or (report is not None and not report.complete)):
             self._diverged_at = time.monotonic()
@@ -294,15 +348,49 @@ class CollaborativeOptimizer:
         self.epoch = epoch
         if self.donor is not None:  # state first: whoever sees our new epoch can take it at once
             await self.donor.publish(take_snapshot(self.config.run, epoch, self.model, self.optimizer))
-        # Our rate is compute speed: time spent matching and averaging must not dilute it, or the ETA
-        # runs late and every epoch overshoots the target.
-        self._rate_since, self._rate_samples = time.monotonic(), 0
         self._sync_tracker()
         await self.tracker.publish()
         self._last_publish = time.monotonic()
-        out = StepReport(epoch, report.group_size if report else 1, samples, report, alone)
+        out = StepReport(epoch, report.group_size if report else 1, samples, report, alone, state_round)
         self.reports.append(out)
         return out
+
+    def _state_tensors(self) -> list[torch.Tensor]:
+        """Parameters, then each parameter's floating optimizer state of its shape (Adam's moments;
+        not its step count), in an order every member derives alike."""
+        tensors: list[torch.Tensor] = [p.data for p in self.params]
+        for p in self.params:
+            state = self.optimizer.state.get(p, {})
+            for key in sorted(k for k in state if isinstance(k, str) and k != "step"):
+                v = state[key]
+                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape:
+                    tensors.append(v)
+        return tensors
+
+    async def _average_state(self, group: Group) -> RoundReport | None:
+        """Average parameters and optimizer state with ``group`` (equal weights, uncompressed): one
+        flat copy of them for the round, written back in place."""
+        tensors = self._state_tensors()
+        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
+        state_group = group.resized(flat.numel(), f"{group.round_id}/state", Compression.NONE)
+        try:
+            report = await self.service.all_reduce(state_group, flat, 1.0)
+        except ValueError as e:
+            logger.warning("round %s: state not averaged: %s", state_group.round_id, e)
+            return None
+        if not report.complete:
+            logger.warning(
+                "round %s: state averaging incomplete (%d elements local)",
+                state_group.round_id,
+                report.local_elements,
+            )
+        offset = 0
+        with torch.no_grad():
+            for t in tensors:
+                n = t.numel()
+                t.copy_(flat[offset : offset + n].view_as(t))
+                offset += n
+        return report
 
     def _peers_here(self) -> set[str]:
         """Peers whose latest progress says they are in our epoch: the group we expect to form."""
@@ -314,7 +402,7 @@ class CollaborativeOptimizer:
         relay's bandwidth is shared and paid for; reducing through it would slow the whole group)."""
         if self.config.client or self.bandwidth < self.config.min_reducer_bandwidth:
             return True
-        return any("relay" in (selected_candidate_types(link.pc) or ()) for link in self.peer.links.values())
+        return bool(relayed_links(self.peer))
 
     def _learn_bandwidth(self, report: RoundReport) -> None:
         moved = max(report.bytes_sent, report.bytes_received)

@@ -104,15 +104,25 @@ class ProgressView:
     replays: int = 0
     rejected: int = 0
 
-    def update(self, records: Iterable[Record], now: float, wall: float = math.nan) -> None:
-        """Take records from a DHT get (signatures and expiry already checked by the DHT node)."""
+    def update(
+        self, records: Iterable[Record], now: float, wall: float = math.nan, seen_at: float | None = None
+    ) -> None:
+        """Take records from a DHT get (signatures and expiry already checked by the DHT node).
+
+        ``seen_at`` (our clock, at most ``now``): when a record new in this read is taken to have been
+        written, for extrapolation; the reader's estimate of the records' age (default ``now``). It
+        applies only to a writer's later records within one epoch: a writer's first record of an
+        epoch was written after its step, which may be more recent than our previous read."""
         for record in records:
             try:
                 p = decode_progress(record.value, self.run)
             except BadProgress:
                 self.rejected += 1
                 continue
-            self.offer(record.owner, p, now, wall)
+            held = self.peers.get(record.owner)
+            same_epoch = held is not None and held.progress.epoch == p.epoch
+            at = min(seen_at, now) if seen_at is not None and same_epoch else now
+            self.offer(record.owner, p, at, wall)
 
     def offer(self, owner: str, p: LocalProgress, now: float, wall: float = math.nan) -> bool:
         held = self.peers.get(owner)

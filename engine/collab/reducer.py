@@ -8,7 +8,8 @@ before it delivered all its chunks. Contributions that arrived before an exclusi
 stay in; nothing more is waited for from that member. So each chunk finishes within ``stall_timeout`` of
 its last live contribution: a round never waits forever on anyone.
 
-Memory: one float32 accumulator the size of the slice, reused in place for the results.
+Memory: one float32 accumulator the size of the slice, reused in place for the results (no residual:
+the slice a reducer holds moves between rounds, so there is nothing to feed back into).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.wire import Compression
+from engine.wire import Compression, EncodeError
 
-from .codec import ErrorFeedback
+from .codec import roundtrip
 from .errors import PartRejected
 from .group import Group
 
@@ -62,7 +63,7 @@ class PartReducer:
         now = clock()
         self.last_seen = dict.fromkeys(group.members, now)
         self.complete = asyncio.Event()  # every chunk finished
-        self.feedback = ErrorFeedback(self.size, group.compression)
+        self.sent_as = [group.compression] * self.n_chunks  # NONE where the average could not compress
         self._watchdog: asyncio.Task[None] | None = None
         self._check_complete()
 
@@ -131,9 +132,13 @@ class PartReducer:
         part = self.acc[a:b]
         if self.weight[c] > 0:
             part.div_(self.weight[c])
-        sent, _ = self.feedback.apply(a, part)  # every member decodes exactly this
-        if sent is not part:
-            part.copy_(sent)
+        try:
+            sent = roundtrip(part, self.group.compression)  # every member decodes exactly this
+        except EncodeError:  # float16 overflow: this chunk's average goes uncompressed
+            self.sent_as[c] = Compression.NONE
+        else:
+            if sent is not part:
+                part.copy_(sent)
         self.finished[c] = True
         self.done[c].set()
         self._check_complete()

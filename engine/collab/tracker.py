@@ -28,6 +28,8 @@ from .progress import (
 
 logger = logging.getLogger(__name__)
 
+MAX_RECORD_AGE_S = 1.0  # the most a new record's age is estimated at (writers publish about every batch)
+
 
 @dataclass
 class LocalCounters:
@@ -62,6 +64,7 @@ class ProgressTracker:
         # Strictly increasing across restarts without storing anything: microseconds of the wall clock.
         self._seq = int(clock() * 1e6)
         self.published = 0
+        self._last_read: float | None = None  # when our last successful read began (local clock)
 
     @property
     def me(self) -> str:
@@ -90,6 +93,7 @@ class ProgressTracker:
         return result.ok
 
     async def refresh(self) -> CollabProgress:
+        started = self.local_clock()
         try:
             got = await self.dht.get(progress_key(self.run))
         except DHTError as e:
@@ -97,7 +101,15 @@ class ProgressTracker:
         else:
             if got.rejected:
                 logger.warning("%d progress records failed their signature or expiry check", got.rejected)
-            self.view.update(got.records.values(), self.local_clock(), self.clock())
+            now = self.local_clock()
+            # A record new in this read was written after our previous read began (or it would have
+            # been in that one) and before this one returned: take the middle, at most a second back,
+            # so that its writer's progress since is extrapolated rather than missed. Without it,
+            # every reader counts the others a read interval late and epochs overshoot the target.
+            since = self._last_read if self._last_read is not None else now
+            seen_at = max((since + now) / 2, now - MAX_RECORD_AGE_S)
+            self.view.update(got.records.values(), now, self.clock(), seen_at=seen_at)
+            self._last_read = started
         return self.progress()
 
     def progress(self) -> CollabProgress:

@@ -289,3 +289,45 @@ async def test_a_leader_waits_for_expected_peers_and_hands_over_to_a_smaller_id(
         second.form_group(2, 100, 1.0, expected={small.peer_id}), late(first, 2, {large.peer_id})
     )
     assert a == b and a.members[0] == small.peer_id and len(a.members) == 2
+
+
+async def test_parameters_and_optimizer_state_are_averaged_every_k_epochs(make_peer: MakePeer) -> None:
+    nodes = await dht_swarm(make_peer, 2)
+    models = [tiny_model(seed=0), tiny_model(seed=1)]  # members that drifted apart
+    before = [[p.detach().clone() for p in m.parameters()] for m in models]
+    opts = []
+    for node, model in zip(nodes, models, strict=True):
+        config = CollabConfig(
+            run="run",
+            target_batch_size=16,
+            publish_period_s=0.3,
+            refresh_period_s=0.3,
+            average_state_every=1,
+            allreduce=AllReduceConfig(chunk=256, stall_timeout=5, round_timeout=30),
+            matchmaking=MatchmakingConfig(gather_s=1.5, join_timeout=20),
+        )
+        # lr 0: the gradient step moves nothing, so the parameters after the step are exactly the
+        # average of the two starting points; the momentum buffers are the averaged gradient on both
+        sgd = torch.optim.SGD(model.parameters(), lr=0.0, momentum=0.9)
+        opts.append(CollaborativeOptimizer(model, sgd, peer_of(node), node, config))
+    for o in opts:
+        await o.join()
+    await asyncio.gather(*(train_until(o, 1, seed=i) for i, o in enumerate(opts)))
+    reports = [o.reports[-1] for o in opts]
+    if not all(r.group_size == 2 and r.state_round is not None and r.state_round.complete for r in reports):
+        pytest.fail(f"the step was not taken together: {reports}")
+    for i, (a, b) in enumerate(zip(models[0].parameters(), models[1].parameters(), strict=True)):
+        assert torch.equal(a, b)
+        assert torch.allclose(a, (before[0][i] + before[1][i]) / 2, atol=1e-6)
+        assert not torch.allclose(a, before[0][i])
+        bufs = [o.optimizer.state[p]["momentum_buffer"] for o, p in zip(opts, (a, b), strict=True)]
+        assert torch.equal(bufs[0], bufs[1]) and bool(bufs[0].abs().sum() > 0)
+
+
+def test_a_resized_group_keeps_members_and_shares() -> None:
+    group = Group("r", ("a", "b", "c"), (500, 0, 300), Compression.INT8)
+    state = group.resized(2003, "r/state", Compression.NONE)
+    assert state.members == group.members and state.compression == Compression.NONE
+    assert sum(state.parts) == 2003 and state.parts[1] == 0
+    assert abs(state.parts[0] / 2003 - 500 / 800) < 1e-3
+    assert group.resized(2003, "r/state", Compression.NONE) == state  # every member derives the same

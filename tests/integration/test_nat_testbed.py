@@ -241,3 +241,48 @@ def test_dmoe_training_goes_on_through_nats_and_faults(fresh: Testbed) -> None:
     assert out["steps"] + out["skipped"] == 60 and out["skipped"] <= 20
     assert out["accuracy"] > 0.5  # chance is 0.1
     assert out["max_step_s"] < 2 * (5.0 + 1.0)  # forward and backward, each bounded by the timeout
+
+
+def test_a_trainer_behind_a_symmetric_nat_averages_as_a_client(fresh: Testbed) -> None:
+    """sym1 (symmetric NAT) joins an all-reduce with two public trainers and one behind a
+    port-restricted cone: it sends its parts and takes the averages back, reducing nothing, over a
+    direct path to the public ones and through coturn to the cone one."""
+    from engine.collab import balance_parts
+
+    names = ["pub1", "pub2", "por1", "sym1"]
+    procs = {name: fresh.nodes[name].proc for name in names}
+    ids = {name: fresh.nodes[name].peer_id for name in names}
+    assert all(p is not None for p in procs.values())
+    sym = procs["sym1"]
+    assert sym is not None
+    role = ok(sym.request({"cmd": "collab_role", "peers": [ids[n] for n in names[:3]]}, timeout=40))
+    assert role["relayed"] == [ids["por1"]], role  # the cone peer only through TURN, the public ones direct
+    assert role["client"]  # the engine's rule: a trainer with a relayed link acts as a client
+    for name in ("pub1", "pub2"):
+        p = procs[name]
+        assert p is not None
+        ok(p.request({"cmd": "collab_role", "peers": [ids[n] for n in names if n != name]}, timeout=40))
+    n = 100_000  # 400 KB: a few chunks each way on every link, relayed ones included
+    parts = balance_parts(n, [2e6, 1e6, 1e6, 0.0])  # as the leader freezes it: the client reduces nothing
+    assert parts[3] == 0 and all(parts[:3])
+    members = [ids[name] for name in names]
+    weights = [1.0, 2.0, 3.0, 4.0]
+    reqs = {}
+    for i, name in enumerate(names):
+        p = procs[name]
+        assert p is not None
+        cmd = {"cmd": "allreduce", "round": "nat/1", "members": members, "parts": list(parts)}
+        reqs[name] = p.send({**cmd, "value": float(10 * i), "weight": weights[i]})
+    outs = {}
+    for name in names:
+        p = procs[name]
+        assert p is not None
+        outs[name] = ok(p.reply(reqs[name], timeout=90))
+    expected = sum(w * 10 * i for i, w in enumerate(weights)) / sum(weights)  # + index / n everywhere
+    for name, out in outs.items():
+        assert out["complete"], (name, out)
+        assert out["head"] == outs["pub1"]["head"] and out["tail"] == outs["pub1"]["tail"]  # same bits
+        assert abs(out["head"][0] - expected) < 1e-4 and abs(out["tail"][-1] - (expected + 1)) < 1e-3
+    client = outs["sym1"]
+    assert not client["reduced"] and all(outs[name]["reduced"] for name in names[:3])
+    assert client["bytes_sent"] >= 4 * n and client["bytes_received"] >= 4 * n  # all of it out and back

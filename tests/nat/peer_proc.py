@@ -18,6 +18,11 @@ Commands run concurrently (a call may be in flight while another command runs):
 - ``{"cmd":"host","uids":[...],"dim":D,"hidden":H}`` hosts ffn experts (an ExpertServer on this Peer)
 - ``{"cmd":"train","hosts":{uid: peer},"steps":N,"dim":D,"hidden":H,"timeout":T}`` trains the digits
   DMoE through those hosts -> ``accuracy``, ``steps``, ``skipped``, ``max_step_s``, ``requests``
+- ``{"cmd":"collab_role","peers":[ID...],"timeout":T}`` connects to those peers -> ``client`` (whether
+  this trainer would act as an all-reduce client: a link through TURN), ``relayed`` (those peers)
+- ``{"cmd":"allreduce","round":R,"members":[ID...],"parts":[N...],"value":V,"weight":W,"timeout":T}``
+  averages a vector filled with ``V`` (plus its index / N) with those members -> ``head`` (its first
+  values after the round), ``complete``, ``reduced`` (whether this peer reduced a part), bytes moved
 
 Ends when stdin closes.
 """
@@ -70,6 +75,7 @@ class Node:
         self.tcp_received = 0
         self._servers: list[asyncio.Server] = []
         self.expert_servers: list[Any] = []
+        self.collab: Any = None  # an AllReduceService, made on the first allreduce command
 
     def link_info(self, remote: str) -> dict[str, Any]:
         link = self.peer.links.get(remote)
@@ -248,6 +254,37 @@ class Node:
 
         return await asyncio.to_thread(run_training)
 
+    async def collab_role(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        from engine.collab.optimizer import relayed_links
+
+        async with asyncio.timeout(float(cmd.get("timeout", 30))):
+            await asyncio.gather(*(self.peer.connect(p) for p in cmd["peers"]))
+        relayed = relayed_links(self.peer)
+        return {"ok": True, "client": bool(relayed), "relayed": relayed}
+
+    async def allreduce(self, cmd: dict[str, Any]) -> dict[str, Any]:
+        from engine.collab import AllReduceConfig, AllReduceService, Group
+
+        if self.collab is None:
+            self.collab = AllReduceService(
+                self.peer, AllReduceConfig(chunk=1 << 14, stall_timeout=10, round_timeout=60)
+            )
+        parts = tuple(int(p) for p in cmd["parts"])
+        group = Group(str(cmd["round"]), tuple(cmd["members"]), parts)
+        n = group.vector_size
+        vector = torch.arange(n, dtype=torch.float32).div_(n).add_(float(cmd["value"]))
+        report = await self.collab.all_reduce(group, vector, float(cmd["weight"]))
+        return {
+            "ok": True,
+            "head": vector[:8].tolist(),
+            "tail": vector[-8:].tolist(),
+            "complete": report.complete,
+            "reduced": parts[group.index(self.peer.peer_id)] > 0,
+            "bytes_sent": report.bytes_sent,
+            "bytes_received": report.bytes_received,
+            "seconds": report.seconds,
+        }
+
     async def handle(self, cmd: dict[str, Any]) -> dict[str, Any]:
         name = cmd.get("cmd")
         if name == "call":
@@ -269,6 +306,10 @@ class Node:
             return await self.host(cmd)
         if name == "train":
             return await self.train(cmd)
+        if name == "collab_role":
+            return await self.collab_role(cmd)
+        if name == "allreduce":
+            return await self.allreduce(cmd)
         if name == "drop_links":
             links = list(self.peer.links.values())
             self.peer.links.clear()

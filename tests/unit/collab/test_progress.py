@@ -15,7 +15,7 @@ from engine.collab.progress import (
     derive_progress,
     encode_progress,
 )
-from engine.dht.records import sign_record
+from engine.dht.records import Record, sign_record
 from engine.p2p import Identity
 
 
@@ -120,3 +120,25 @@ def test_one_peer_cannot_drag_the_collaboration_to_its_epoch() -> None:
     assert derive_progress(split, 0.0, 100).epoch == 6
     # a newcomer at epoch 0 sees the others' epoch
     assert derive_progress({**honest, "new": Seen(p(0), 0.0)}, 0.0, 100).epoch == 5
+
+
+def test_a_later_record_of_an_epoch_is_back_dated_but_an_epochs_first_is_not() -> None:
+    owner = Identity.generate()
+    view = ProgressView("run")
+
+    def record(progress: LocalProgress) -> Record:
+        return sign_record(owner, "run.progress", encode_progress(progress), 1e12)
+
+    # the first record ever, and the first of a new epoch, were written after the writer's step,
+    # which may be after our previous read: counted from now
+    view.update([record(p(1, 8, 20.0, seq=1))], now=10.0, seen_at=9.0)
+    assert view.peers[owner.peer_id].first_seen == 10.0
+    # a later record of the same epoch was written at some point since our previous read
+    view.update([record(p(1, 16, 20.0, seq=2))], now=11.0, seen_at=10.5)
+    assert view.peers[owner.peer_id].first_seen == 10.5
+    got = derive_progress(view.active(11.0), 11.0, target=64)
+    assert got.samples == 16 + 20.0 * 0.5  # its progress since is extrapolated, not missed
+    view.update([record(p(2, 8, 20.0, seq=3))], now=12.0, seen_at=11.5)
+    assert view.peers[owner.peer_id].first_seen == 12.0
+    view.update([record(p(2, 16, 20.0, seq=4))], now=13.0, seen_at=14.0)
+    assert view.peers[owner.peer_id].first_seen == 13.0  # never in our future

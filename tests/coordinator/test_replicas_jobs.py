@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import shutil
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +16,7 @@ import aiohttp
 import msgspec
 import pytest
 from sqlalchemy import func, select, text
+from sqlalchemy.engine import make_url
 
 from coordinator.app import RunningCoordinator
 from coordinator.db.models import Account, Host, Receipt
@@ -176,10 +179,55 @@ async def test_two_replicas_starting_at_once_migrate_once() -> None:
             await engine.dispose()
 
 
-async def test_the_database_going_away_under_load(tmp_path: Path) -> None:
-    """Its connections cut and refused for a while: requests get a 503 JSON error, /healthz says 503,
+class ServerRestart:
+    """The real thing: this machine's PostgreSQL server stopped (fast shutdown: every session is
+    terminated, new ones are refused) and started again, as an operator's restart or a crash does.
+    Tests run one at a time, so nobody else's connections are in the way; those that pooled a
+    connection before find it dead and reconnect (``pool_pre_ping``)."""
+
+    def __init__(self) -> None:
+        versions = sorted(os.listdir("/etc/postgresql"), key=float)
+        assert versions and shutil.which("pg_ctlcluster"), "needs the local server that scripts/services runs"
+        assert make_url(POSTGRES_URL).host in ("127.0.0.1", "localhost"), "the test database must be local"
+        self.version = versions[-1]
+
+    def url(self) -> str:
+        return POSTGRES_URL
+
+    async def _ctl(self, *args: str) -> int:
+        proc = await asyncio.create_subprocess_exec(
+            "pg_ctlcluster", self.version, "main", *args, stdout=asyncio.subprocess.DEVNULL
+        )
+        async with asyncio.timeout(60):
+            return await proc.wait()
+
+    async def cut(self) -> None:
+        assert await self._ctl("stop", "-m", "fast") == 0
+
+    async def restore(self) -> None:
+        assert await self._ctl("start") == 0
+
+    async def close(self) -> None:
+        if await self._ctl("status") != 0:  # whatever happened, the test ends with the server up
+            assert await self._ctl("start") == 0
+        async with asyncio.timeout(30):
+            while True:
+                try:
+                    engine = make_engine(POSTGRES_URL)
+                    async with engine.connect() as conn:
+                        await conn.execute(text("SELECT 1"))
+                    await engine.dispose()
+                    return
+                except Exception:
+                    await asyncio.sleep(0.2)
+
+
+@pytest.mark.parametrize("outage", ["connections_cut", "server_restarted"])
+async def test_the_database_going_away_under_load(tmp_path: Path, outage: str) -> None:
+    """Its connections cut and refused for a while (a TCP proxy in front of PostgreSQL closes them),
+    or the server itself stopped and started again: requests get a 503 JSON error, /healthz says 503,
     nothing is half-written; then the replica recovers, and retried batches are credited once."""
-    proxy = await PgProxy.start()
+    proxy: PgProxy | ServerRestart = await PgProxy.start() if outage == "connections_cut" else ServerRestart()
     async with fresh_schema() as schema:
         a = await start_replica(tmp_path, schema, url=proxy.url())
         try:

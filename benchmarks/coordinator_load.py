@@ -49,7 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import aiohttp
 import asyncpg
-from figures import log, p99  # benchmarks/ is this script's folder, first on sys.path
+from figures import description, log, p99  # benchmarks/ is this script's folder, first on sys.path
 from site_load import bench_site
 from sqlalchemy import text
 
@@ -58,7 +58,6 @@ from coordinator.leaderboard import leaderboard
 from coordinator.ledger import DAY_S, ingest
 from coordinator.receipts import Verifier, sign_receipt
 from engine.p2p import signaling_protocol as sp
-from engine.p2p.descriptions import SignedDescription
 from engine.p2p.identity import Identity
 
 POSTGRES_URL = os.environ.get("LAH_TEST_POSTGRES_URL", "postgresql+asyncpg://lah:lah@127.0.0.1:5432/lah_test")
@@ -97,9 +96,6 @@ async def serve_signaling() -> None:
     loop = asyncio.get_running_loop()
     await loop.run_in_executor(None, sys.stdin.read)
     await running.stop()
-
-
-FAKE_SDP = "v=0\r\n" + "a=candidate:1 1 udp 2130706431 192.168.1.10 50000 typ host\r\n" * 30
 
 
 async def bench_signaling(peers: int, rate: float, seconds: float) -> dict[str, Any]:
@@ -143,18 +139,6 @@ async def bench_signaling(peers: int, rate: float, seconds: float) -> dict[str, 
     await asyncio.gather(*(guarded(i) for i in identities))
     connect_s = time.perf_counter() - t0
     log(f"signaling: {len(sockets)} peers connected in {connect_s:.1f} s")
-
-    def description(sender: str, to: str, kind: str) -> SignedDescription:
-        return SignedDescription(
-            type=kind,
-            sdp=FAKE_SDP,
-            sender=sender,
-            recipient=to,
-            session="bench",
-            issued_at=time.time(),
-            public_key=b"\x00" * 32,
-            signature=b"\x00" * 64,
-        )
 
     async def reader(index: int) -> None:
         nonlocal received

@@ -39,12 +39,11 @@ from typing import Any
 import aiohttp
 import asyncpg
 import msgspec
-from figures import log, p99
+from figures import description, log, p99
 
 from coordinator.receipts import ReceiptBatch, sign_receipt
 from coordinator.tokens import TokenAuthority, load_signing_key
 from engine.p2p import signaling_protocol as sp
-from engine.p2p.descriptions import SignedDescription
 from engine.p2p.identity import Identity
 from engine.p2p.signaling import reconnect_delay
 from tests.cluster import Cluster, _dsn
@@ -55,20 +54,6 @@ SAME_EVERY = 4  # one offer in four between peers on the same replica, for compa
 RECEIPT_SAMPLES = 10  # every failover receipt is worth the same credit: double credit shows as a count
 BATCH = 100
 POSTERS = 2
-FAKE_SDP = "v=0\r\n" + "a=candidate:1 1 udp 2130706431 192.168.1.10 50000 typ host\r\n" * 30
-
-
-def description(sender: str, to: str, kind: str) -> SignedDescription:
-    return SignedDescription(
-        type=kind,
-        sdp=FAKE_SDP,
-        sender=sender,
-        recipient=to,
-        session="bench",
-        issued_at=time.time(),
-        public_key=b"\x00" * 32,
-        signature=b"\x00" * 64,
-    )
 
 
 class Peer:

@@ -6,7 +6,9 @@ at once)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
+import signal
 from pathlib import Path
 
 from .app import start_full
@@ -31,13 +33,20 @@ async def run(config_path: Path | None, host: str | None, port: int | None, make
     gc.freeze()
     print(f"coordinator: site {running.url}/ signaling {running.signaling_url}", flush=True)
     print(
-        f"coordinator: database {config.database_url or 'SQLite in the user data dir'}; Ctrl+C stops",
+        f"coordinator: database {config.database_url or 'SQLite in the user data dir'}; "
+        "Ctrl+C or SIGTERM stops",
         flush=True,
     )
+    stop = asyncio.Event()
+    with contextlib.suppress(NotImplementedError):  # no add_signal_handler on Windows' loop
+        # SIGTERM is how systemd, Docker and an operator's kill stop a replica: stopping cleanly takes
+        # its presence rows at once instead of after the dead-replica bound.
+        asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     try:
-        await asyncio.Event().wait()
+        await stop.wait()
     finally:
         await running.stop()
+        print("coordinator: stopped", flush=True)
 
 
 async def invite(config_path: Path | None, name: str, ttl_s: float | None = None) -> str:

@@ -16,8 +16,10 @@ from typing import Any
 import aiohttp
 import pytest
 import pytest_asyncio
+from sqlalchemy import text
 
 from coordinator.accounts import bind_message
+from coordinator.db.session import make_engine
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import SignedDescription, new_session_id, sign_description
 from engine.p2p.errors import SignalingError
@@ -197,6 +199,33 @@ async def test_proxy_drops_sockets_mid_offer(cluster: Cluster) -> None:
             assert (await b.next_signal()).description == again
         finally:
             await close_all([a, b])
+
+
+async def test_sigterm_stops_a_replica_cleanly(cluster: Cluster) -> None:
+    """SIGTERM (systemd, Docker, an operator's kill): the replica closes its sockets and takes its row
+    out of the group before it exits, so nobody waits for the dead-replica bound."""
+    async with aiohttp.ClientSession() as session:
+        peers = [await new_peer(cluster, session) for _ in range(REPLICAS)]
+        try:
+            index = next(i for i, r in enumerate(cluster.replicas) if r.name == peers[0].replica)
+            replica = cluster.replicas[index]
+            assert replica.proc is not None
+            replica.proc.terminate()
+            assert await asyncio.to_thread(replica.proc.wait, 30) == 0
+            assert "coordinator: stopped" in replica.log.read_text()
+            engine = make_engine(cluster.database_url)
+            try:
+                async with engine.connect() as conn:
+                    rows = (await conn.execute(text("SELECT count(*) FROM replicas"))).scalar_one()
+            finally:
+                await engine.dispose()
+            assert rows == REPLICAS - 1  # a killed replica's row would stay until the others sweep it
+            await wait_for(lambda: peers[0].client.joins >= 2 and peers[0].client.connected.is_set())
+            assert peers[0].replica != replica.name
+            await cluster.restart(index)
+            await cluster.wait_servers(lambda up: replica.name in up)
+        finally:
+            await close_all(peers)
 
 
 async def test_killed_replica_peers_reconnect_and_are_reachable(cluster: Cluster) -> None:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -52,6 +52,9 @@ from engine.trainer import (
 )
 
 from .demo_app import launch_app, stop_app
+
+if TYPE_CHECKING:
+    from coordinator.config import ExperimentConfig
 
 __all__ = ["DemoResult", "TrainerResult", "run_demo"]
 
@@ -88,7 +91,21 @@ class DemoResult:
     trainers: list[TrainerResult] = field(default_factory=list)
 
 
-async def _wait_for_experts(node: TrainerNode, uids: list[str], timeout: float) -> int:
+def experiment_of(cfg: TrainerConfig, replication: int) -> ExperimentConfig:
+    """The coordinator's experiment for a local swarm training ``cfg``: its FFN experts on its grid."""
+    from coordinator.config import ExperimentConfig
+
+    return ExperimentConfig(
+        name=cfg.uid_prefix,
+        expert_type="ffn",
+        grid=list(cfg.grid),
+        hyperparams={"d_model": cfg.dim, "hidden": cfg.hidden},
+        replication=replication,
+        target_batch_size=cfg.target_batch_size,
+    )
+
+
+async def wait_for_experts(node: TrainerNode, uids: list[str], timeout: float) -> int:
     """Until the trainer's finder sees a host for every uid (or ``timeout``): how many it sees."""
     assert node.finder is not None
     finder = node.finder
@@ -126,7 +143,7 @@ def run_demo(
     ``wrap_peer``: what the trainer's DMoE layer calls experts through instead of its Peer (benchmarks
     inject faults and latency there)."""
     from coordinator.app import start_full
-    from coordinator.config import CoordinatorConfig, ExperimentConfig
+    from coordinator.config import CoordinatorConfig
     from coordinator.services import SERVICES
     from engine.node.join import join_local
     from engine.resources import Settings
@@ -146,14 +163,7 @@ def run_demo(
     loop = LoopThread("demo-loop")
     with tempfile.TemporaryDirectory(prefix="lah-demo-") as tmp_name:
         tmp = data_dir or Path(tmp_name)
-        experiment = ExperimentConfig(
-            name=cfg.uid_prefix,
-            expert_type="ffn",
-            grid=list(cfg.grid),
-            hyperparams={"d_model": cfg.dim, "hidden": cfg.hidden},
-            replication=2,
-            target_batch_size=cfg.target_batch_size,
-        )
+        experiment = experiment_of(cfg, replication=2)
         coordinator_config = CoordinatorConfig(
             port=0,
             database_url=f"sqlite+aiosqlite:///{tmp / 'coordinator.sqlite3'}",
@@ -196,7 +206,7 @@ def run_demo(
                 loop.run(services.accounts.set_role(name, "trainer", by=None), 15)  # an admin's act
             node = nodes[0]
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
-            seen = loop.run(_wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
+            seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
             say(f"{node.name} ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
 
             data = load_digits_split(seed=cfg.seed)

@@ -235,7 +235,7 @@ def _run(
     from engine.p2p.patches import pin_host_addresses
     from engine.trainer import Trainer, TrainerNode, remote_model
 
-    from .demo import _wait_for_experts
+    from .demo import wait_for_experts
 
     data_dir = data_dir or default_data_dir()
     store = TrainerCredentials(data_dir, token_file)
@@ -275,7 +275,7 @@ def _run(
         loop.run(node.start(), 60)
         assert node.peer is not None and node.finder is not None
         uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
-        seen = loop.run(_wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
+        seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
         say(f"{account} ({identity.peer_id[:12]}…) joined {name}: {seen} experts found through the DHT")
         model = remote_model(
             node.peer,

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from coordinator.app import start_full
-from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.config import CoordinatorConfig
 from engine.moe import LoopThread
 from engine.node.join import join_local
 from engine.p2p.patches import install
 from engine.resources import Settings
 from engine.trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split
-from lah.demo import _wait_for_experts
+from lah.demo import experiment_of, wait_for_experts
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +50,7 @@ def test_trainers_status_reaches_the_swarm_page_and_the_trainers_tab(
     loop = LoopThread("collab-status-test")
     with tempfile.TemporaryDirectory(prefix="lah-collab-status-") as tmp_name:
         tmp = Path(tmp_name)
-        experiment = ExperimentConfig(
-            name=cfg.uid_prefix,
-            expert_type="ffn",
-            grid=list(cfg.grid),
-            hyperparams={"d_model": cfg.dim, "hidden": cfg.hidden},
-            replication=1,
-            target_batch_size=cfg.target_batch_size,
-        )
+        experiment = experiment_of(cfg, replication=1)
         config = CoordinatorConfig(
             port=0,
             database_url=f"sqlite+aiosqlite:///{tmp / 'c.sqlite3'}",
@@ -78,7 +71,7 @@ def test_trainers_status_reaches_the_swarm_page_and_the_trainers_tab(
                 loop.run(node.start(), 60)
                 loop.run(running.services.accounts.set_role(f"trainer-{i}", "trainer", by=None), 15)
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(2) for j in range(2)]
-            assert loop.run(_wait_for_experts(nodes[0], uids, 30), 40) == 4
+            assert loop.run(wait_for_experts(nodes[0], uids, 30), 40) == 4
             data = load_digits_split(seed=0)
             team = []
             for i, node in enumerate(nodes):

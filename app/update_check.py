@@ -78,6 +78,10 @@ class UpdateChecker(QObject):
         self._deadline.stop()
         self._proc = None
         out = bytes(proc.readAllStandardOutput().data()).decode(errors="replace").strip().splitlines()
+        # The lambda connected in _run holds this checker: left connected, checker -> child process ->
+        # lambda -> checker is a cycle that Python's collector may free on whichever thread it runs
+        # (an HTTP or aiortc thread), deleting Qt objects off the GUI thread.
+        proc.finished.disconnect()
         proc.deleteLater()
         try:
             reply = json.loads(out[-1]) if out else {}

@@ -51,7 +51,12 @@ def run_check(qtbot: Any, checker: UpdateChecker) -> dict[str, Any]:
     qtbot.waitUntil(lambda: checker.last is not None, timeout=60_000)
     assert offers == []
     assert checker.last is not None
-    return checker.last
+    reply = checker.last
+    # Freed here, on the GUI thread, not by the garbage collector on another thread later.
+    checker.deleteLater()
+    with qtbot.waitSignal(checker.destroyed, timeout=5_000):
+        pass
+    return reply
 
 
 def test_a_site_that_is_down_offers_nothing(qtbot: Any, tmp_path: Path) -> None:

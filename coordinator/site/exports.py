@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..db.models import Account, Host, Team
@@ -348,6 +348,15 @@ async def write_in_child(
         raise ExportError(
             f"the dump process failed ({proc.returncode}): {err.decode(errors='replace')[-2000:]}"
         )
+
+
+async def search_path_of(sessions: async_sessionmaker[AsyncSession]) -> str | None:
+    """The schema search path the server's own connections use (PostgreSQL; None on SQLite), so the
+    child reads the same tables: a URL alone does not carry it."""
+    async with sessions() as s:
+        if s.bind.dialect.name != "postgresql":
+            return None
+        return str((await s.execute(text("SHOW search_path"))).scalar_one())
 
 
 async def _child(directory: Path, now: float) -> None:

@@ -65,7 +65,10 @@ def start_jobs(
             if get_database_url is None:
                 await exports.write_dumps(get_sessions(app), directory, clock())
             else:
-                await exports.write_in_child(get_database_url(app), directory, clock())
+                search_path = await exports.search_path_of(get_sessions(app))
+                await exports.write_in_child(
+                    get_database_url(app), directory, clock(), search_path=search_path
+                )
 
     if leader is not None:
         leader.add_job("range sums", RANGE_EVERY_S, refresh_ranges)

@@ -165,16 +165,14 @@ async def test_a_dump_killed_mid_write_leaves_the_previous_one_served(
     assert len(read_gz(directory / name).splitlines()) == 15  # header + 14 users
 
 
-async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(tmp_path: Path) -> None:
+async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(db: AsyncEngine, tmp_path: Path) -> None:
     """``start_jobs`` as the full app runs it: on startup, range sums are published and a child
-    process writes the day's six dumps from the same (SQLite) database."""
-    from coordinator.db.session import create_all, make_engine
+    process writes the day's six dumps from the same database (on PostgreSQL, from the same schema:
+    the test's tables live in one of their own, which the URL alone does not name)."""
     from coordinator.site import ranges, start_jobs
 
-    url = f"sqlite+aiosqlite:///{tmp_path / 'jobs.sqlite3'}"
-    engine = make_engine(url)
-    await create_all(engine)
-    sessions = session_factory(engine)
+    url = db.url.render_as_string(hide_password=False)
+    sessions = session_factory(db)
     await seed_small(sessions)
     app = web.Application()
     dumps = tmp_path / "dumps"
@@ -201,4 +199,3 @@ async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(tmp_path
             assert await ranges.published(s, 30) == NOW
     finally:
         await runner.cleanup()  # stops the loops
-        await engine.dispose()

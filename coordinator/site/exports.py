@@ -354,7 +354,7 @@ async def search_path_of(sessions: async_sessionmaker[AsyncSession]) -> str | No
     """The schema search path the server's own connections use (PostgreSQL; None on SQLite), so the
     child reads the same tables: a URL alone does not carry it."""
     async with sessions() as s:
-        if s.bind.dialect.name != "postgresql":
+        if s.get_bind().dialect.name != "postgresql":
             return None
         return str((await s.execute(text("SHOW search_path"))).scalar_one())
 

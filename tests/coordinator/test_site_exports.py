@@ -165,7 +165,9 @@ async def test_a_dump_killed_mid_write_leaves_the_previous_one_served(
     assert len(read_gz(directory / name).splitlines()) == 15  # header + 14 users
 
 
-async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(db: AsyncEngine, tmp_path: Path) -> None:
+async def test_the_periodic_job_sums_ranges_and_writes_dumps_in_a_child(
+    db: AsyncEngine, tmp_path: Path
+) -> None:
     """``start_jobs`` as the full app runs it: on startup, range sums are published and a child
     process writes the day's six dumps from the same database (on PostgreSQL, from the same schema:
     the test's tables live in one of their own, which the URL alone does not name)."""

@@ -96,7 +96,8 @@ class Path3:
                 self.loss_rules.append(rule)
 
     def data_drops(self) -> int:
-        """Packets a->b lost so far: random drops, the delayer's queue overflowing, and datagrams the
+        """Packets a->b lost so far: random drops, the delayer's queue overflowing, the bottleneck's
+        drops, and datagrams the
         receiving namespace's UDP sockets dropped (a CPU-starved receiver: often the largest share)."""
         dropped = 0
         out = sh("iptables", "-w", "-t", "mangle", "-L", "FORWARD", "-v", "-x", "-n", ns=self.r)
@@ -113,6 +114,10 @@ class Path3:
             if line.startswith("Udp:")
         ]
         dropped += int(udp[1][udp[0].index("RcvbufErrors")])
+        stats = sh("tc", "-s", "qdisc", "show", "dev", "r1", ns=self.r, check=False).split()
+        for i, word in enumerate(stats[:-1]):  # the bottleneck's own drops (a full buffer)
+            if word == "(dropped":
+                dropped += int(stats[i + 1].rstrip(","))
         return dropped
 
     @contextlib.contextmanager
@@ -144,8 +149,9 @@ def _peer(path: Path3, name: str, ns: str, role: str, host: str, duration: float
     return Proc(name, ns, args, path.log_dir)
 
 
-def start_aiortc(path: Path3, mode: str, cc: str, duration: float) -> tuple[Proc, Proc]:
-    send = _peer(path, f"{mode}-{cc}-send", path.a, "aiortc-send", A_IP, duration, mode=mode, cc=cc)
+def start_aiortc(path: Path3, mode: str, cc: str, duration: float, trace: bool = False) -> tuple[Proc, Proc]:
+    send = _peer(path, f"{mode}-{cc}-send", path.a, "aiortc-send", A_IP, duration, mode=mode, cc=cc,
+                 trace=int(trace))  # fmt: skip
     recv = _peer(path, f"{mode}-{cc}-recv", path.b, "aiortc-recv", B_IP, duration, mode=mode, cc=cc)
     offer = send.event(timeout=60)
     recv.proc.stdin.write(json.dumps(offer) + "\n")  # type: ignore[union-attr]
@@ -171,23 +177,46 @@ def finish(pair: tuple[Proc, Proc], duration: float) -> dict[str, Any]:
     finally:
         send.stop()
         recv.stop()
-    cpu = max(c for c in (s.get("cpu"), r.get("cpu"), 0.0) if c is not None)
+    # A process that used, or waited in the run queue for, more than 0.9 of a core was CPU-bound: on an
+    # oversubscribed box it gets a fraction of a core and its CPU time alone would hide that.
+    wanted = (s.get("demand"), r.get("demand"), s.get("cpu"), r.get("cpu"), 0.0)
+    demand = max(c for c in wanted if c is not None)
     return {
         "MBps": round(r["MBps"], 3),
         "cpu_send": s.get("cpu"),
         "cpu_recv": r.get("cpu"),
-        "cpu_bound": cpu > 0.9,
+        "demand_send": _r(s.get("demand")),
+        "demand_recv": _r(r.get("demand")),
+        "cpu_bound": demand > 0.9,
         "rtx": s.get("rtx"),
         "stats": s.get("stats"),
         "tcp_cc": s.get("cc"),
+        "trace": s.get("trace"),
     }
 
 
-def run_case(path: Path3, kind: str, cc: str, duration: float) -> dict[str, Any]:
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def _proc_sched(pid: int) -> tuple[float, float]:
+    try:
+        run, wait, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return 0.0, 0.0
+
+
+def run_case(path: Path3, kind: str, cc: str, duration: float, trace: bool = False) -> dict[str, Any]:
     drops0 = path.data_drops()
-    pair = start_tcp(path, cc, duration) if kind == "tcp" else start_aiortc(path, kind, cc, duration)
+    d0, t0 = _proc_sched(path.delay.proc.pid), time.monotonic()
+    pair = start_tcp(path, cc, duration) if kind == "tcp" else start_aiortc(path, kind, cc, duration, trace)
     out = finish(pair, duration)
     out["data_drops"] = path.data_drops() - drops0
+    d1, wall = _proc_sched(path.delay.proc.pid), time.monotonic() - t0
+    # The delayer is a Python process too: if it wants a whole core, the path, not the flow, is the limit.
+    out["delay_cpu"] = round((d1[0] - d0[0]) / wall, 2)
+    out["delay_demand"] = round((d1[0] - d0[0] + d1[1] - d0[1]) / wall, 2)
     return out
 
 
@@ -207,8 +236,28 @@ def _f(x: float | None) -> str:
     return "-" if x is None else f"{x:.2f}"
 
 
+def _cpu_text(r: dict[str, Any]) -> str:
+    """CPU used / wanted (used + waited for a core) per side, and the delayer's."""
+    bound = " CPU-BOUND" if r["cpu_bound"] else ""
+    wanted = f"{_f(r['demand_send'])}/{_f(r['demand_recv'])}{bound}"
+    text = f"cpu {_f(r['cpu_send'])}/{_f(r['cpu_recv'])} wanted {wanted}"
+    if "delay_cpu" in r:
+        text += f" delayer {_f(r['delay_cpu'])}/{_f(r['delay_demand'])}"
+    return text
+
+
 def _median(xs: list[float]) -> float | None:
     return round(statistics.median(xs), 3) if xs else None
+
+
+def _strip(r: dict[str, Any]) -> dict[str, Any]:
+    if "ours" in r:
+        return {side: _strip(v) for side, v in r.items()}
+    return {k: v for k, v in r.items() if k not in ("stats", "trace")}
+
+
+def _traces(r: dict[str, Any]) -> Any:
+    return {side: v.get("trace") for side, v in r.items()} if "ours" in r else r.get("trace")
 
 
 def main() -> int:
@@ -219,7 +268,11 @@ def main() -> int:
     ap.add_argument("--rtt-ms", type=float, default=50.0)
     ap.add_argument("--losses", default="0.001,0.01")
     ap.add_argument("--bottleneck-MBps", type=float, default=8.0)
+    ap.add_argument("--cases", default="loss,bottleneck,tail", help="which groups to run (comma-separated)")
+    ap.add_argument("--cc", default=DEFAULT_CC, help="our controller in the bottleneck cases")
+    ap.add_argument("--trace", default="", help="a file: our senders' congestion state every 0.25 s (JSON)")
     args = ap.parse_args()
+    groups = set(args.cases.split(","))
     if os.geteuid() != 0 or shutil.which("tc") is None:
         print("benchmarks/wan.py needs root, iproute2 (tc) and iptables", file=sys.stderr)
         return 2
@@ -233,7 +286,7 @@ def main() -> int:
     t0 = time.monotonic()
     try:
         for rep in range(args.repeat):
-            for loss in losses:
+            for loss in losses if "loss" in groups else ():
                 path.set_loss(loss)
                 cases = [("ours", cc) for cc in controllers] + [
                     ("stock", "reno"),
@@ -242,32 +295,36 @@ def main() -> int:
                 ]
                 for kind, cc in cases:
                     key = f"{kind}_{cc}_loss_{loss}"
-                    r = run_case(path, kind, cc, duration)
+                    r = run_case(path, kind, cc, duration, trace=bool(args.trace))
                     results.setdefault(key, []).append(r)
                     st = {k: v for k, v in (r["stats"] or {}).items() if k in _SHOWN}
-                    print(f"[{rep}] {key}: {r['MBps']:.3f} MB/s cpu {_f(r['cpu_send'])}/{_f(r['cpu_recv'])} "
+                    print(f"[{rep}] {key}: {r['MBps']:.3f} MB/s {_cpu_text(r)} "
                           f"drops {r['data_drops']} rtx {r['rtx']} {st}", flush=True)  # fmt: skip
             path.set_loss(0.0)
+            if "bottleneck" not in groups:
+                continue
             bdp = int(args.bottleneck_MBps * 1e6 * args.rtt_ms / 1000)
             with path.bottleneck(args.bottleneck_MBps, bdp):
-                alone = run_case(path, "ours", DEFAULT_CC, duration)
+                alone = run_case(path, "ours", args.cc, duration, trace=bool(args.trace))
                 results.setdefault("bottleneck_alone", []).append(alone)
-                ours = start_aiortc(path, "ours", DEFAULT_CC, duration)
+                ours = start_aiortc(path, "ours", args.cc, duration, trace=bool(args.trace))
                 tcp = start_tcp(path, "cubic", duration, port=9501)
                 o, t = finish(ours, duration), finish(tcp, duration)
                 results.setdefault("bottleneck_shared", []).append({"ours": o, "tcp": t})
-                print(f"[{rep}] bottleneck: alone {alone['MBps']:.2f}, shared ours {o['MBps']:.2f} "
-                      f"tcp cubic {t['MBps']:.2f} MB/s", flush=True)  # fmt: skip
+                print(f"[{rep}] bottleneck: alone {alone['MBps']:.2f} ({_cpu_text(alone)}), "
+                      f"shared ours {o['MBps']:.2f} ({_cpu_text(o)}) tcp cubic {t['MBps']:.2f} MB/s",
+                      flush=True)  # fmt: skip
     finally:
         path.close()
-    tail = tail_calls(12 if args.quick else 100, args.rtt_ms)
+    tail = tail_calls(12 if args.quick else 100, args.rtt_ms) if "tail" in groups else {}
     print(f"tail calls (in memory): {tail}", flush=True)
 
     def med(key: str) -> float | None:
         return _median([r["MBps"] for r in results.get(key, [])])
 
     summary: dict[str, Any] = {"duration_s": duration, "repeat": args.repeat, "rtt_ms": args.rtt_ms,
-                               "default_cc": DEFAULT_CC, "load_avg": round(load[0], 1)}  # fmt: skip
+                               "default_cc": DEFAULT_CC, "bottleneck_cc": args.cc,
+                               "load_avg": round(load[0], 1)}  # fmt: skip
     for loss in losses:
         tag = f"0p{str(loss).split('.')[1]}" if loss < 1 else str(loss)
         tag = {"0p001": "0p1", "0p01": "1"}.get(tag, tag)
@@ -284,17 +341,17 @@ def main() -> int:
     for name, runs in (("rtx_per_loss", ours_runs), ("stock_rtx_per_loss", stock_runs)):
         drops = sum(r["data_drops"] for r in runs)
         summary[name] = round(sum(r["rtx"] or 0 for r in runs) / drops, 2) if drops else None
-    alone = [r["MBps"] for r in results.get("bottleneck_alone", [])]
+    alone_rates = [r["MBps"] for r in results.get("bottleneck_alone", [])]
     summary["bottleneck_utilisation"] = (
-        round(statistics.median(alone) / args.bottleneck_MBps, 3) if alone else None
+        round(statistics.median(alone_rates) / args.bottleneck_MBps, 3) if alone_rates else None
     )
     shares = [
         s["ours"]["MBps"] / max(1e-9, s["ours"]["MBps"] + s["tcp"]["MBps"])
         for s in results.get("bottleneck_shared", [])
     ]
     summary["fair_share"] = round(statistics.median(shares), 3) if shares else None
-    summary["tail_call_ms_p99"] = tail["ours_p99_ms"]
-    summary["stock_tail_call_ms_p99"] = tail["stock_p99_ms"]
+    summary["tail_call_ms_p99"] = tail.get("ours_p99_ms")
+    summary["stock_tail_call_ms_p99"] = tail.get("stock_p99_ms")
     summary["cpu_bound"] = sorted(
         k for k, rs in results.items() if any(r.get("cpu_bound") for r in rs if "cpu_bound" in r)
     )
@@ -304,9 +361,9 @@ def main() -> int:
     summary["load_avg_end"] = round(end_load, 1)
     summary["machine_overloaded"] = max(load[0], end_load) > (os.cpu_count() or 1)
     summary["wall_s"] = round(time.monotonic() - t0, 1)
-    summary["cases"] = {
-        k: [{kk: v for kk, v in r.items() if kk != "stats"} for r in rs] for k, rs in results.items()
-    }
+    if args.trace:
+        Path(args.trace).write_text(json.dumps({k: [_traces(r) for r in rs] for k, rs in results.items()}))
+    summary["cases"] = {k: [_strip(r) for r in rs] for k, rs in results.items()}
     print(json.dumps(summary))
     return 0
 

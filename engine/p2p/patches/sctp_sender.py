@@ -157,6 +157,8 @@ def stats(transport: Any) -> dict[str, Any]:
         "flight": transport._flight_size,
         "peer_rwnd": transport._peer_rwnd,
         "in_recovery": transport._in_recovery,
+        "pacing_rate": None if cc.pacing_rate is None else round(cc.pacing_rate),
+        **cc.state_stats(),
     }
 
 

@@ -104,30 +104,31 @@ class Path3:
                 sh("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", *rule, ns=self.r)
                 self.loss_rules.append(rule)
 
-    def data_drops(self) -> int:
-        """Packets a->b lost so far: random drops, the delayer's queue overflowing, the bottleneck's
-        drops, and datagrams the
-        receiving namespace's UDP sockets dropped (a CPU-starved receiver: often the largest share)."""
-        dropped = 0
+    def data_drops(self) -> dict[str, int]:
+        """Packets a->b lost so far, by where: ``random`` (the loss rule), ``delayer`` (its netlink queue
+        overflowing: the delayer is a Python process and a CPU-starved one drops packets no home link
+        would), ``bottleneck`` (a full ``tbf`` buffer) and ``rcvbuf`` (datagrams the receiving
+        namespace's UDP sockets dropped: a CPU-starved receiver)."""
+        drops = {"random": 0, "delayer": 0, "bottleneck": 0, "rcvbuf": 0}
         out = sh("iptables", "-w", "-t", "mangle", "-L", "FORWARD", "-v", "-x", "-n", ns=self.r)
         for line in out.splitlines():
             f = line.split()
             if len(f) > 5 and f[2] == "DROP" and f[5] == "r0":
-                dropped += int(f[0])
+                drops["random"] += int(f[0])
         for line in sh("cat", "/proc/net/netfilter/nfnetlink_queue", ns=self.r, check=False).splitlines():
             f = line.split()
-            dropped += int(f[5]) + int(f[6]) if len(f) > 6 else 0  # both directions: an upper bound
+            drops["delayer"] += int(f[5]) + int(f[6]) if len(f) > 6 else 0  # both directions: an upper bound
         udp = [
             line.split()
             for line in sh("cat", "/proc/net/snmp", ns=self.b).splitlines()
             if line.startswith("Udp:")
         ]
-        dropped += int(udp[1][udp[0].index("RcvbufErrors")])
+        drops["rcvbuf"] = int(udp[1][udp[0].index("RcvbufErrors")])
         stats = sh("tc", "-s", "qdisc", "show", "dev", "r1", ns=self.r, check=False).split()
-        for i, word in enumerate(stats[:-1]):  # the bottleneck's own drops (a full buffer)
+        for k, word in enumerate(stats[:-1]):
             if word == "(dropped":
-                dropped += int(stats[i + 1].rstrip(","))
-        return dropped
+                drops["bottleneck"] += int(stats[k + 1].rstrip(","))
+        return drops
 
     @contextlib.contextmanager
     def bottleneck(self, mbytes_per_s: float, buffer_bytes: int) -> Iterator[None]:
@@ -186,17 +187,13 @@ def finish(pair: tuple[Proc, Proc], duration: float) -> dict[str, Any]:
     finally:
         send.stop()
         recv.stop()
-    # A process that used, or waited in the run queue for, more than 0.9 of a core was CPU-bound: on an
-    # oversubscribed box it gets a fraction of a core and its CPU time alone would hide that.
-    wanted = (s.get("demand"), r.get("demand"), s.get("cpu"), r.get("cpu"), 0.0)
-    demand = max(c for c in wanted if c is not None)
     return {
         "MBps": round(r["MBps"], 3),
         "cpu_send": s.get("cpu"),
         "cpu_recv": r.get("cpu"),
         "demand_send": _r(s.get("demand")),
         "demand_recv": _r(r.get("demand")),
-        "cpu_bound": demand > 0.9,
+        "cpu_bound": cpu_bound(s, r),
         "rtx": s.get("rtx"),
         "stats": s.get("stats"),
         "tcp_cc": s.get("cc"),
@@ -216,12 +213,21 @@ def _proc_sched(pid: int) -> tuple[float, float]:
         return 0.0, 0.0
 
 
+def cpu_bound(*sides: dict[str, Any]) -> bool:
+    """A process that used, or waited in the run queue for, more than 0.9 of a core was CPU-bound: on
+    an oversubscribed box it gets a fraction of a core, and its CPU time alone would hide that."""
+    wanted = [side.get(k) for side in sides for k in ("demand", "cpu")]
+    return max((c for c in wanted if c is not None), default=0.0) > 0.9
+
+
 def run_case(path: Path3, kind: str, cc: str, duration: float, trace: bool = False) -> dict[str, Any]:
     drops0 = path.data_drops()
     d0, t0 = _proc_sched(path.delay.proc.pid), time.monotonic()
     pair = start_tcp(path, cc, duration) if kind == "tcp" else start_aiortc(path, kind, cc, duration, trace)
     out = finish(pair, duration)
-    out["data_drops"] = path.data_drops() - drops0
+    drops1 = path.data_drops()
+    out["drops_by_source"] = {k: drops1[k] - drops0[k] for k in drops1}
+    out["data_drops"] = sum(out["drops_by_source"].values())
     d1, wall = _proc_sched(path.delay.proc.pid), time.monotonic() - t0
     # The delayer is a Python process too: if it wants a whole core, the path, not the flow, is the limit.
     out["delay_cpu"] = round((d1[0] - d0[0]) / wall, 2)
@@ -324,8 +330,8 @@ def main() -> int:
                     r = run_case(path, kind, cc, duration, trace=bool(args.trace))
                     results.setdefault(key, []).append(r)
                     st = {k: v for k, v in (r["stats"] or {}).items() if k in _SHOWN}
-                    print(f"[{rep}] {key}: {r['MBps']:.3f} MB/s {_cpu_text(r)} "
-                          f"drops {r['data_drops']} rtx {r['rtx']} {st}", flush=True)  # fmt: skip
+                    print(f"[{rep}] {key}: {r['MBps']:.3f} MB/s {_cpu_text(r)} drops {r['data_drops']} "
+                          f"{r['drops_by_source']} rtx {r['rtx']} {st}", flush=True)  # fmt: skip
             path.set_loss(0.0)
             if "bottleneck" not in groups:
                 continue

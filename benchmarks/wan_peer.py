@@ -39,6 +39,23 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _sched() -> tuple[float, float]:
+    """(CPU seconds, seconds spent runnable but waiting for a core) of this process. The second shows a
+    CPU-starved process on an oversubscribed box, which CPU time alone hides (it gets a third of a core
+    and looks idle)."""
+    try:
+        run, wait, _ = Path("/proc/self/schedstat").read_text().split()
+        return int(run) / 1e9, int(wait) / 1e9
+    except (OSError, ValueError):
+        return _cpu(), 0.0
+
+
+def _demand(since: tuple[float, float], wall: float) -> float:
+    """Fraction of one core the process wanted over ``wall`` s: used plus waited for."""
+    now = _sched()
+    return (now[0] - since[0] + now[1] - since[1]) / wall if wall > 0 else 0.0
+
+
 def _say(msg: dict[str, Any]) -> None:
     print(json.dumps(msg), flush=True)
 
@@ -59,6 +76,7 @@ class Meter:
         self.bytes = 0
         self.total = 0
         self.cpu0 = 0.0
+        self.sched0 = (0.0, 0.0)
         self.done = asyncio.Event()
 
     def add(self, n: int) -> None:
@@ -69,6 +87,7 @@ class Meter:
         elapsed = now - self.first
         if elapsed >= self.warmup and not self.cpu0:
             self.cpu0 = _cpu()
+            self.sched0 = _sched()
         if self.warmup <= elapsed <= self.duration:
             self.bytes += n
 
@@ -85,7 +104,51 @@ class Meter:
             "MBps": self.bytes / window / 1e6,
             "bytes": self.total,
             "cpu": (_cpu() - self.cpu0) / window if self.cpu0 else None,
+            "demand": _demand(self.sched0, window) if self.cpu0 else None,
         }
+
+
+_TRACED = (
+    "cwnd",
+    "flight",
+    "srtt_ms",
+    "min_rtt_ms",
+    "pacing_rate",
+    "btl_bw",
+    "inflight_hi",
+    "bbr_state",
+    "peer_rwnd",
+    "in_recovery",
+    "retransmissions",
+    "recoveries",
+    "rto_expiries",
+    "w_max",
+)
+
+
+def _spawn_tracer(transport: Any, trace: list[dict[str, Any]], duration: float) -> None:
+    """Every 0.25 s the sender's congestion state, and the delivery rate since the last sample."""
+    from engine.p2p import patches
+
+    async def sample() -> None:
+        t0 = time.monotonic()
+        last = (t0, 0)
+        while time.monotonic() - t0 < duration:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            st = patches.transport_stats(transport)
+            delivered = int(getattr(transport, "_delivered", 0))
+            row = {k: st.get(k) for k in _TRACED if k in st}
+            row["t"] = round(now - t0, 2)
+            row["delivery_MBps"] = round((delivered - last[1]) / (now - last[0]) / 1e6, 3)
+            last = (now, delivered)
+            trace.append(row)
+
+    task = asyncio.ensure_future(sample())
+    _TASKS.add(task)
+
+
+_TASKS: set[asyncio.Future[Any]] = set()
 
 
 async def aiortc_side(args: argparse.Namespace) -> None:
@@ -121,7 +184,10 @@ async def aiortc_side(args: argparse.Namespace) -> None:
         low = asyncio.Event()
         ch.on("bufferedamountlow", low.set)
         message = os.urandom(64 << 10)
-        cpu0, t0 = _cpu(), time.monotonic()
+        trace: list[dict[str, Any]] = []
+        if args.trace and pc.sctp is not None:
+            _spawn_tracer(pc.sctp, trace, args.duration)
+        cpu0, t0, sched0 = _cpu(), time.monotonic(), _sched()
         end = t0 + args.duration
         while time.monotonic() < end:
             while ch.bufferedAmount < (1 << 20):
@@ -131,7 +197,9 @@ async def aiortc_side(args: argparse.Namespace) -> None:
                 await asyncio.wait_for(low.wait(), 0.5)
         wall = time.monotonic() - t0
         stats = patches.transport_stats(pc.sctp) if pc.sctp else {}
-        _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "rtx": rtx[0], "stats": stats})
+        demand = _demand(sched0, wall)
+        _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "demand": demand, "rtx": rtx[0], "stats": stats,
+              "trace": trace})  # fmt: skip
         await _read_line()  # the parent closes stdin when the case is over
     else:
         meter = Meter(args.duration, args.warmup)
@@ -200,6 +268,7 @@ def main() -> None:
     p.add_argument("--port", type=int, default=9500)
     p.add_argument("--duration", type=float, default=10.0)
     p.add_argument("--warmup", type=float, default=2.0)
+    p.add_argument("--trace", type=int, default=0, help="1: the sender samples its congestion state")
     args = p.parse_args()
     if args.role.startswith("aiortc"):
         _light_engine_import()

@@ -96,3 +96,63 @@ def test_bbr_backs_off_when_its_queue_stands() -> None:
         cc.on_ack(int(4e6 * 0.05), now, 0.2, 0.05, True, 4e6, True)  # SRTT 200 ms, min RTT 50 ms
         now += 0.05
     assert cc.cwnd < 0.8 * 2 * 200_000
+
+
+def _round(cc: congestion.BbrLite, now: float, rate: float, srtt: float, lost: int = 0) -> None:
+    """One round of 50 ms at ``rate``: ``lost`` bytes lost, then the round's bytes acked."""
+    cc.on_lost(lost)
+    cc.on_ack(int(rate * 0.05), now, srtt, 0.05, True, rate, True)
+
+
+def _breach(cc: congestion.BbrLite, now: float, srtt: float) -> float:
+    """Rounds with 10% loss until the bound is cut; returns the time after them."""
+    while cc.inflight_hi == float("inf"):
+        _round(cc, now, 4e6, srtt, lost=int(4e6 * 0.05 * 0.1))
+        now += 0.05
+    return now
+
+
+def test_bbr_holds_its_bound_after_a_full_queues_loss_then_probes_up_slowly() -> None:
+    """Losses with a queue standing (a loss-based flow shares the bottleneck): the cut bound holds for
+    seconds, as CUBIC's cycle does, then grows 1, 2, 4... packets per loss window."""
+    cc = congestion.BbrLite(MTU)
+    now = 0.0
+    for _ in range(30):
+        _round(cc, now, 4e6, 0.05)
+        now += 0.05
+    now = _breach(cc, now, srtt=0.08)  # SRTT 1.6x the min RTT: a queue
+    cut = cc.inflight_hi
+    assert cut < 0.8 * 2 * 200_000 + 5 * MTU
+    for _ in range(int(congestion.BbrLite.PROBE_WAIT_S / 0.05) - 2):
+        _round(cc, now, 4e6, 0.08)
+        now += 0.05
+    assert cc.inflight_hi == cut  # held
+    steps = []
+    while now < 10.0 and cc.inflight_hi != float("inf"):
+        before = cc.inflight_hi
+        _round(cc, now, 4e6, 0.08)
+        now += 0.05
+        if cc.inflight_hi != before and cc.inflight_hi != float("inf"):
+            steps.append(round((cc.inflight_hi - before) / MTU))
+    assert steps[:3] == [1, 2, 4]
+    assert cc.inflight_hi == float("inf")  # in the end probed past 4x the BDP: unbounded again
+
+
+def test_bbr_regrows_at_once_after_random_loss_on_an_empty_path() -> None:
+    cc = congestion.BbrLite(MTU)
+    now = 0.0
+    for _ in range(30):
+        _round(cc, now, 4e6, 0.05)
+        now += 0.05
+    now = _breach(cc, now, srtt=0.05)  # no queue: the losses were random
+    cut = cc.inflight_hi
+    for _ in range(4):
+        _round(cc, now, 4e6, 0.05)
+        now += 0.05
+    assert cc.inflight_hi == float("inf") or cc.inflight_hi >= 1.25 * cut
+
+
+def test_controller_state_for_traces() -> None:
+    bbr = congestion.BbrLite(MTU)
+    assert bbr.state_stats() == {"bbr_state": "startup", "btl_bw": 0, "inflight_hi": None}
+    assert set(congestion.Cubic(MTU).state_stats()) == {"w_max"}

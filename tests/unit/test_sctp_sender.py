@@ -14,7 +14,7 @@ import pytest
 from aiortc import rtcsctptransport as sctp
 
 from engine.p2p import patches
-from engine.p2p.patches import sctp_sender
+from engine.p2p.patches import sctp_sender, sctp_timers
 from tests.unit.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair
 
 MTU = sctp.USERDATA_MAX_LENGTH
@@ -142,6 +142,26 @@ async def test_rto_min_backoff_and_reset() -> None:
         t._t3_cancel()
         t._t3_expired()
     assert t._rto == sctp_sender.RTO_MAX
+    _close(t)
+
+
+async def test_probe_timeout_is_srtt_plus_variance_plus_sack_delay() -> None:
+    """RFC 9002's timeout: on a steady 50 ms path ~85 ms after the last SACK, not RFC 8985's 2 x SRTT
+    + 50 ms (150 ms), which every call whose tail was lost would pay; never beyond the RTO."""
+    import time
+
+    t, _ = _sender()
+    for _ in range(20):
+        t._update_rto(0.05)
+    await t._send(1, 53, b"x" * (MTU * 3))
+    now = time.monotonic()
+    sctp_timers.arm_tlp(t, now)
+    pto = t._tlp_deadline - now
+    assert pto == pytest.approx(0.05 + max(4 * t._rttvar, 0.01) + sctp_sender.WORST_DELAYED_SACK, abs=1e-6)
+    assert 0.08 <= pto < 0.1
+    t._rto = 0.06
+    sctp_timers.arm_tlp(t, now)
+    assert t._tlp_deadline - now == pytest.approx(0.06)
     _close(t)
 
 

@@ -11,9 +11,10 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
   waiting for the RTO. SACK duplicate reports (our needless resends) widen that window (RFC 8985 6.2).
 - **PRR** (RFC 6937): during recovery the sender sends in proportion to what is delivered, ending near
   the controller's ``ssthresh`` instead of stalling and then bursting.
-- **Tail-loss probe** (RFC 8985 section 7): 2 x SRTT after the last SACK with data outstanding (+50 ms
-  with a single packet, for a delayed SACK), one chunk is sent (new data, else the highest TSN), so
-  an RPC whose last packet was lost completes after about one RTT plus the probe time, not an RTO.
+- **Tail-loss probe** (RFC 8985 section 7, with RFC 9002's timeout): SRTT + max(4 x RTTVAR, 10 ms)
+  + 25 ms (the peer's SACK delay) after the last SACK with data outstanding, one chunk is sent (new
+  data, else the highest TSN), so an RPC whose last packet was lost completes after about one RTT plus
+  the probe time, not an RTO.
 - **RTO** between :data:`RTO_MIN` and :data:`RTO_MAX`, doubled on every T3 expiry (RFC 9260 6.3.3 E2).
   The first expiry resends only the earliest chunk (F-RTO, RFC 5682, in spirit: on a stalled receiver
   most RTOs are spurious); RACK then finds the rest if it was lost; a second expiry resends everything.
@@ -55,10 +56,11 @@ MAX_RETRANS = 10  # Association.Max.Retrans
 ASSOCIATION_TIMEOUT = 30.0
 RECEIVE_WINDOW = 4 << 20  # the most a peer may send beyond what we delivered (Chromium: 5 MiB)
 DUPTHRESH = 3
-# Added to the probe timeout when one packet is outstanding, for the peer's delayed SACK. RFC 8985 says
+# Added to the probe timeout for the peer's delayed SACK (RFC 9002's max_ack_delay). RFC 8985 says
 # 200 ms (TCP); SACK delays are 0 (stock aiortc) or 20 ms (ours), and a probe that comes too early
 # costs one packet, one that comes late costs every RPC whose tail was lost that much latency.
-WORST_DELAYED_SACK = 0.05
+WORST_DELAYED_SACK = 0.025
+PTO_GRANULARITY = 0.01  # the least the probe timeout adds to SRTT for variance (RFC 9002: 1 ms)
 PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire late
 DEFAULT_CONTROLLER = "bbr"  # benchmarks/wan.py: the best under random loss (see ARCHITECTURE.md)
 
@@ -157,6 +159,8 @@ def stats(transport: Any) -> dict[str, Any]:
         "flight": transport._flight_size,
         "peer_rwnd": transport._peer_rwnd,
         "in_recovery": transport._in_recovery,
+        "pacing_rate": None if cc.pacing_rate is None else round(cc.pacing_rate),
+        **cc.state_stats(),
     }
 
 

@@ -22,7 +22,10 @@ logger = logging.getLogger(__name__)
 def arm_tlp(self: Any, now: float) -> None:
     if not self._sent_queue or self._in_recovery or self._tlp_sent or self._srtt is None:
         return
-    pto = 2 * self._srtt + (s.WORST_DELAYED_SACK if self._flight_size <= s._MTU else 0.0)
+    # RFC 9002's probe timeout (QUIC), not RFC 8985's 2 x SRTT: SRTT plus four deviations plus the
+    # peer's SACK delay. On a steady 50 ms path that is ~80 ms instead of ~150 ms, which a call whose
+    # tail was lost pays in full; a probe sent too early costs one packet.
+    pto = self._srtt + max(4 * self._rttvar, s.PTO_GRANULARITY) + s.WORST_DELAYED_SACK
     self._tlp_deadline = now + min(pto, self._rto)
     if self._tlp_handle is None:  # one timer; it re-arms itself while the deadline moves on
         self._tlp_handle = self._loop.call_at(

@@ -84,9 +84,11 @@ class Peer:
         self.replica = ws._response.headers.get("X-Lah-Replica", "") if ws._response else ""
         self.ws = ws
         self.joins += 1
+        self.bench.joined_at.setdefault(self.id, time.perf_counter())
 
     async def run(self) -> None:
         failures = 0
+        spent = 0.0
         while not self.bench.closing:
             ws = self.ws
             if ws is not None:
@@ -96,11 +98,14 @@ class Peer:
                 self.bench.dropped(self, ws.close_code)
             if self.bench.closing:
                 return
-            await asyncio.sleep(reconnect_delay(failures, 30.0))  # the engine's client's own policy
+            # the engine's client's own policy: jittered, and counted from the start of the failed try
+            await asyncio.sleep(reconnect_delay(failures, 30.0, spent=spent))
+            started = time.perf_counter()
             try:
                 await self.join()
-                failures = 0
+                failures, spent = 0, 0.0
             except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError) as e:
+                spent = time.perf_counter() - started
                 status = getattr(e, "status", None)  # a refused upgrade: whose answer, which status
                 kind = type(e).__name__ + (f" {status}" if status else "")
                 self.bench.join_failures[kind] = self.bench.join_failures.get(kind, 0) + 1
@@ -145,6 +150,7 @@ class SignalingBench:
         self.latencies: list[tuple[int, float]] = []  # (offer id, ms)
         self.on_arrival: dict[int, Peer] = {}  # failover probes: offer id -> the orphan it was for
         self.back_at: dict[str, float] = {}
+        self.joined_at: dict[str, float] = {}  # failover: when each peer was welcomed again
         self.ids = iter(range(1, 1 << 62))
         self.drops: dict[str, int] = {}  # close code -> sockets closed under their peer
         self.errors: dict[str, int] = {}  # the hub's Error frames by code
@@ -299,6 +305,7 @@ async def failover(
     victim = cluster.replicas[index].name
     orphans = [p for p in peers if p.replica == victim]
     bench.back_at = {}
+    bench.joined_at = {}
     bench.join_failures = {}
     bench.errors = {}
     killed_at = time.perf_counter()
@@ -322,6 +329,9 @@ async def failover(
     stop.set()
     retries = sum(await asyncio.gather(*posters))
     failover_s = [t - killed_at for t in bench.back_at.values()]
+    # Welcomed again (admission) vs reachable again (presence claimed, a probe relayed): which one the
+    # tail is made of.
+    rejoin_s = [bench.joined_at[p.id] - killed_at for p in orphans if p.id in bench.joined_at]
     rows = await conn.fetchval("SELECT count(*) FROM receipts WHERE receipt_id = ANY($1)", posted)
     after = float(await conn.fetchval("SELECT sum(credit_total) FROM hosts WHERE peer_id = ANY($1)", hosts))
     await conn.close()
@@ -330,6 +340,8 @@ async def failover(
         "failover_peers": len(orphans),
         "failover_s_p50": round(statistics.median(failover_s), 2) if failover_s else None,
         "failover_s_p99": round(p99(failover_s), 2),
+        "failover_rejoin_s_p50": round(statistics.median(rejoin_s), 2) if rejoin_s else None,
+        "failover_rejoin_s_p99": round(p99(rejoin_s), 2),
         "failover_receipts": len(posted),
         "failover_post_retries": retries,
         "receipts_lost": len(posted) - rows,
@@ -393,11 +405,15 @@ async def bench_replicas(
                     try:
                         async with sem:
                             await p.join()
-                        return
+                        break
                     except (aiohttp.ClientError, AssertionError, TimeoutError, msgspec.DecodeError):
                         await asyncio.sleep(backoff)
                         backoff *= 2
-                await p.join()
+                else:
+                    await p.join()
+                # Read at once, as a client does: a socket nobody reads answers no heartbeat ping, and
+                # the hub closes it 30 s later (the first joins would be dropped before the last one).
+                p.task = asyncio.create_task(p.run())
 
             await asyncio.gather(*(join(p) for p in all_peers))
             connect_s = time.perf_counter() - t0
@@ -408,8 +424,6 @@ async def bench_replicas(
             )
             out_join_errors = dict(bench.errors)
             bench.errors.clear()
-            for p in all_peers:
-                p.task = asyncio.create_task(p.run())
             # Steady state first: every socket's presence row written (the connect burst's claims done).
             out_settle_s = await settle(cluster, len(all_peers))
             log(f"replicas: presence complete {out_settle_s:.1f} s after the last join")
@@ -439,6 +453,8 @@ async def bench_replicas(
             out["failover_s_p50"] = statistics.median(f["failover_s_p50"] for f in kills)
             out["failover_s_p99"] = statistics.median(p99s)
             out["failover_s_p99_min"], out["failover_s_p99_max"] = min(p99s), max(p99s)
+            out["failover_s_p99_each"] = p99s
+            out["failover_rejoin_s_p99_each"] = [f["failover_rejoin_s_p99"] for f in kills]
             for key in ("failover_receipts", "failover_post_retries", "receipts_lost", "receipts_double"):
                 out[key] = sum(f[key] for f in kills)
             out["failover_failed_reconnects"] = [f["failed_reconnects"] for f in kills]

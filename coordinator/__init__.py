@@ -2,6 +2,8 @@
 
 Modules, bottom up:
 
+- :mod:`coordinator.batching`: many callers, one statement per batch (the hub's host lookups and
+  presence claims, so a failover's burst of hellos shares its database round trips); needs nothing.
 - :mod:`coordinator.relay`: the notifications replicas send each other over PostgreSQL LISTEN/NOTIFY,
   and the listener that receives them.
 - :mod:`coordinator.presence`: replicas sharing one PostgreSQL (heartbeats, who is online where,

@@ -47,6 +47,7 @@ from engine.wire.statements import bind_message
 
 from .confusables import skeleton
 from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Invite, Team
+from .ledger import in_list
 
 INVITE_BYTES = 18  # 24 URL-safe characters
 
@@ -295,6 +296,18 @@ class Accounts:
         async with self.sessions() as s:
             row = (await s.execute(select(Host.account_id).where(Host.peer_id == peer_id))).first()
         return None if row is None else int(row[0])
+
+    async def host_owners(self, peer_ids: Sequence[str]) -> list[tuple[int, bool] | None]:
+        """For each host: (its account, whether that account is disabled), or None if unbound; one
+        query for all (the signaling hub's admissions, batched)."""
+        async with self.sessions() as s:
+            rows = await s.execute(
+                select(Host.peer_id, Host.account_id, Account.disabled)
+                .join(Account, Account.id == Host.account_id)
+                .where(in_list(s, Host.peer_id, sorted(set(peer_ids))))
+            )
+            found = {r[0]: (int(r[1]), bool(r[2])) for r in rows}
+        return [found.get(p) for p in peer_ids]
 
     # -- hosts --------------------------------------------------------------------------------------
 

@@ -20,6 +20,12 @@ from .services import SERVICES, Services, open_services
 from .signaling import HUB_KEY, SignalingHub
 from .turn import TurnConfig
 
+# Connections the kernel holds for us before we accept them (capped by net.core.somaxconn). When a
+# replica dies, its thousand peers reconnect to the survivors within a second; with aiohttp's default
+# of 128 the queue overflowed, the kernel dropped the proxy's SYNs, and each retransmission (1 s, 3 s,
+# then the proxy's connect timeout and retry) added seconds to the failover's slowest peers.
+LISTEN_BACKLOG = 4096
+
 
 def create_app(
     ice_servers: Sequence[IceServer] = (), turn: TurnConfig | None = None, hub: SignalingHub | None = None
@@ -182,7 +188,7 @@ async def start_full(config: CoordinatorConfig, services: Services | None = None
 async def _serve(app: web.Application, host: str, port: int) -> RunningCoordinator:
     runner = web.AppRunner(app, handle_signals=False, max_line_size=site.MAX_REQUEST_LINE)
     await runner.setup()
-    tcp = web.TCPSite(runner, host, port)
+    tcp = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG)
     await tcp.start()
     server = tcp._server
     assert server is not None and server.sockets  # type: ignore[attr-defined]

@@ -13,7 +13,10 @@ and claims its peers anew.
 
 A peer that connects claims its presence row: the latest connection wins, and if the row named a
 socket on another live replica, that replica is told (``relay.Evict``) to close it, as one hub
-closes a duplicate socket itself. The signaling hub (``coordinator.signaling``) forwards a signal
+closes a duplicate socket itself. Claims are batched (``batching.Batcher``: those arriving while the
+previous batch is written go in the next): one UPDATE and at most one INSERT over arrays for the
+whole batch, and one NOTIFY statement for its evictions, so a failover's thousand joins cost a few
+dozen statements, not a transaction each. The signaling hub (``coordinator.signaling``) forwards a signal
 whose recipient is not on this replica with :meth:`ReplicaGroup.forward`; the recipient's replica
 delivers it, or answers the sender with ``Error(unknown_peer)`` if the peer left meanwhile.
 
@@ -42,6 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from engine.p2p import signaling_protocol as sp
 
 from . import relay
+from .batching import Batcher
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +59,21 @@ _CHANNEL = f"'{relay.CHANNEL_PREFIX}' || r.id"  # the replica's channel, in SQL
 _LOCATE = (
     "FROM presence p JOIN replicas r ON r.id = p.replica_id "
     "WHERE p.peer_id = $1 AND r.listening AND r.heartbeat_at > now() - make_interval(secs => $2)"
+)
+# A batch of claims (asyncpg's numbered parameters: peer ids, conns, this replica): the rows that
+# existed, with the replica and socket each named before; then the rows that did not.
+_CLAIM_UPDATE = (
+    "UPDATE presence SET replica_id = $3, conn = n.conn, since = now() "
+    "FROM unnest($1::text[], $2::text[]) AS n(peer_id, conn), "
+    "(SELECT peer_id, replica_id, conn FROM presence WHERE peer_id = ANY($1::text[]) "
+    "ORDER BY peer_id FOR UPDATE) AS old "
+    "WHERE presence.peer_id = n.peer_id AND old.peer_id = n.peer_id "
+    "RETURNING n.peer_id, old.replica_id, old.conn"
+)
+_CLAIM_INSERT = (
+    "INSERT INTO presence (peer_id, replica_id, conn) "
+    "SELECT n.peer_id, $3, n.conn FROM unnest($1::text[], $2::text[]) AS n(peer_id, conn) "
+    "ORDER BY n.peer_id ON CONFLICT (peer_id) DO NOTHING RETURNING peer_id"
 )
 RELAY_POOL_SIZE = 8
 RELAY_POOL_MIN = 2
@@ -101,6 +120,7 @@ class ReplicaGroup:
         self._hub: LocalPeers | None = None
         self._handling: set[asyncio.Task[None]] = set()
         self._pool: Any = None  # asyncpg.Pool: the relay's statements, in the engine's search_path
+        self._claims: Batcher[tuple[str, str], None] = Batcher(self._claim_batch)
         self._beat: asyncio.Task[None] | None = None
         self._last_beat = -1e9
         # "largest": the longest notification this replica sent, in bytes (real frame sizes)
@@ -130,6 +150,7 @@ class ReplicaGroup:
             await asyncio.gather(self._beat, return_exceptions=True)
             self._beat = None
         await self.listener.stop()
+        await self._claims.close()
         for task in list(self._handling):
             task.cancel()
         await asyncio.gather(*self._handling, return_exceptions=True)
@@ -148,37 +169,51 @@ class ReplicaGroup:
     # -- presence ----------------------------------------------------------------------------------
 
     async def claim(self, peer_id: str, conn: str) -> None:
-        """Make ``conn`` on this replica the peer's socket; close the one it replaces elsewhere."""
-        old = await self._claim(peer_id, conn)
-        if old is not None and old[0] != self.replica_id:
-            await self._notify(old[0], relay.Evict(peer_id, old[1]))
+        """Make ``conn`` on this replica the peer's socket; close the one it replaces elsewhere.
 
-    async def _claim(self, peer_id: str, conn: str) -> tuple[str, str] | None:
-        """On the relay's pool too: every joining socket claims, so a failover's burst of joins
-        pays one pool round trip per statement, not SQLAlchemy's."""
-        async with self._relay_pool().acquire() as c, c.transaction():
-            for _ in range(3):
-                # UPDATE first (it locks the row, so two claims of one peer are ordered), then INSERT.
-                row = await c.fetchrow(
-                    "UPDATE presence SET replica_id = $2, conn = $3, since = now() "
-                    "FROM (SELECT peer_id, replica_id, conn FROM presence WHERE peer_id = $1 FOR UPDATE) "
-                    "AS old WHERE presence.peer_id = old.peer_id RETURNING old.replica_id, old.conn",
-                    peer_id,
-                    self.replica_id,
-                    conn,
-                )
-                if row is not None:
-                    return (row[0], row[1])
-                status = await c.execute(
-                    "INSERT INTO presence (peer_id, replica_id, conn) VALUES ($1, $2, $3) "
-                    "ON CONFLICT (peer_id) DO NOTHING",
-                    peer_id,
-                    self.replica_id,
-                    conn,
-                )
-                if status == "INSERT 0 1":
-                    return None
-        raise relay.RelayError(f"cannot claim presence of {peer_id[:12]}")
+        Claims are batched (``batching.Batcher``): a failover's burst of joins shares a few
+        statements per batch instead of a transaction each. A failed batch fails every claim in it."""
+        await self._claims.get((peer_id, conn))
+
+    async def _claim_batch(self, claims: list[tuple[str, str]]) -> list[None]:
+        """Two autocommit statements for the whole batch (three with evictions), whatever its size.
+
+        Within the batch the last claim of a peer wins (the hub already closed that peer's older
+        socket here); batches run one at a time, so claims of one peer are applied in order.
+        """
+        latest = dict(claims)  # peer -> conn of its last claim in this batch (dicts keep the last)
+        peers = sorted(latest)  # rows locked in one order by every replica: no deadlocks
+        pool = self._relay_pool()
+        evict: list[tuple[str, str, str]] = []  # (replica, peer, conn) of sockets replaced elsewhere
+        for _ in range(3):
+            conns = [latest[p] for p in peers]
+            # UPDATE first (it locks the rows, so two claims of one peer are ordered), then INSERT.
+            rows = await pool.fetch(_CLAIM_UPDATE, peers, conns, self.replica_id)
+            for row in rows:
+                if row[1] != self.replica_id:
+                    evict.append((row[1], row[0], row[2]))
+            updated = {row[0] for row in rows}
+            peers = [p for p in peers if p not in updated]
+            if not peers:
+                break
+            inserted = await pool.fetch(_CLAIM_INSERT, peers, [latest[p] for p in peers], self.replica_id)
+            done = {row[0] for row in inserted}
+            peers = [p for p in peers if p not in done]  # inserted meanwhile by another claim: update
+            if not peers:
+                break
+        else:
+            raise relay.RelayError(f"cannot claim presence of {len(peers)} peers")
+        if evict:  # one statement: a notification to each live replica that held a replaced socket
+            await pool.execute(
+                f"SELECT pg_notify({_CHANNEL}, e.payload) "
+                "FROM unnest($1::text[], $2::text[]) AS e(replica_id, payload) "
+                "JOIN replicas r ON r.id = e.replica_id "
+                "WHERE r.heartbeat_at > now() - make_interval(secs => $3)",
+                [r for r, _, _ in evict],
+                [relay.encode(relay.Evict(peer, conn)) for _, peer, conn in evict],
+                DEAD_AFTER_S,
+            )
+        return [None] * len(claims)
 
     async def release(self, peer_id: str, conn: str) -> None:
         await self._relay_pool().execute(
@@ -335,8 +370,7 @@ class ReplicaGroup:
         self._last_beat = time.monotonic()
         if rejoined and self._hub is not None:
             logger.warning("replica %s was taken for dead; claiming its peers again", self.replica_id)
-            for peer_id, conn in self._hub.local_peers().items():
-                await self.claim(peer_id, conn)
+            await asyncio.gather(*(self.claim(p, c) for p, c in self._hub.local_peers().items()))
 
 
 def unknown_peer_error(peer_id: str, ref: int) -> str:

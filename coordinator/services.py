@@ -31,6 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from engine.p2p import signaling_protocol as sp
 
 from .accounts import Accounts, NotFound
+from .batching import Batcher
 from .config import ConfigError, CoordinatorConfig
 from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
@@ -63,6 +64,11 @@ class Services:
     leader: LocalLeader = field(default_factory=LocalLeader)  # runs the periodic jobs
     listener: Listener | None = None  # replicas: hears revocations made on the others
     db_clock: DbClock | None = None  # replicas: this replica's clock, corrected to the database's
+    # The hub's admissions look their hosts up in batches: one query per batch, not per hello.
+    host_owners: Batcher[str, tuple[int, bool] | None] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.host_owners = Batcher(self.accounts.host_owners)
 
     @property
     def replicated(self) -> bool:
@@ -70,11 +76,17 @@ class Services:
         return self.listener is not None
 
     async def close(self) -> None:
+        await self.host_owners.close()
         if self.owns_engine:
             await self.engine.dispose()
 
     async def authorize_peer(self, token: str | None, peer_id: str) -> None:
-        """The signaling hub's check: a valid token of an enabled account that ``peer_id`` is bound to."""
+        """The signaling hub's check: a valid token of an enabled account that ``peer_id`` is bound to.
+
+        The common case costs no database read of its own: the signature and expiry are checked
+        here, revocation against the list in memory (replicas, ``tokens``), and the host's binding
+        and account in a batched lookup shared with the other hellos arriving meanwhile. A refusal
+        reads the account again to say precisely why."""
         if token is None:
             raise PeerRefused(sp.TOKEN_REQUIRED, "this hub admits account holders only: send a token")
         try:
@@ -83,6 +95,11 @@ class Services:
             raise PeerRefused(e.code, str(e)) from e
         if claims.peer is not None and claims.peer != peer_id:
             raise PeerRefused(sp.TOKEN_INVALID, "this token was issued for another host")
+        owner = await self.host_owners.get(peer_id)
+        if owner is not None and owner[0] == claims.sub:
+            if owner[1]:
+                raise PeerRefused(sp.ACCOUNT_DISABLED, "this account is disabled")
+            return
         try:
             account = await self.accounts.get(claims.sub)
         except NotFound as e:
@@ -108,6 +125,7 @@ class Services:
 
     async def housekeep_local(self) -> int:
         """This replica's memory, run by every replica: idle in-memory buckets forgotten."""
+        self.tokens.forget_expired()
         buckets = self.ws_limiter.rate.prune() + self.offer_gate.limiter.prune()
         for limiter in (self.register_limiter, self.receipt_limiter):
             if isinstance(limiter, LocalBuckets):

@@ -22,14 +22,24 @@ listener is down (or before it connects) "not revoked" answers are trusted for `
 (5 s) only, and all of them are forgotten whenever notifications may have been missed; while it is up
 they are trusted for ``listened_cache_s`` (60 s), since any revocation would have reached us. A
 listener whose connection died silently is noticed by its ping within ~10 s: the worst-case bound.
+
+The whole list in memory. A signaling hello carries a token whose jti this replica has usually never
+seen (a failover brings a thousand of them at once), so the per-jti cache alone costs one database
+read per hello. Once the listener is up, ``load_revocations`` reads every unexpired revoked jti (the
+LISTEN is established first, so a revocation committed meanwhile arrives as a notification too) and
+from then on, while the listener stays up, a jti absent from that set is not revoked: no database at
+all. Any gap (``notifications_missed``) drops the set's completeness until the next load; meanwhile
+the per-jti path above answers. A table larger than ``MAX_REVOCATIONS_IN_MEMORY`` is not held whole.
 Expiry is checked on this replica's clock; with replicas, ``services`` hands it a clock corrected to
 the database's (``pg_link.DbClock``), so a replica whose clock is off does not misjudge expiry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import logging
 import secrets
 import time
 from collections import OrderedDict
@@ -49,11 +59,14 @@ from engine.p2p.identity import APP_NAME, Identity
 
 from .db.models import ROLES, RevokedToken
 
+log = logging.getLogger(__name__)
 DOMAIN = b"lah-token-v1\x00"
 KEY_FILE = "coordinator-token.key"
 MAX_TOKEN_CHARS = 1024  # a real token is ~200 characters; anything longer is refused unparsed
 CLOCK_SKEW_S = 60.0
 JTI_BYTES = 16  # 32 hex characters: RevokedToken.jti is String(32)
+LOAD_RETRY_S = 1.0
+MAX_REVOCATIONS_IN_MEMORY = 1_000_000  # ~100 MB of Python strings at most; beyond it, per-jti reads
 
 
 class TokenError(Exception):
@@ -148,6 +161,11 @@ class TokenAuthority:
         self._epoch = 0  # bumped when notifications may have been missed: in-flight reads are not cached
         self._revoked: OrderedDict[str, float] = OrderedDict()  # jti -> exp
         self._not_revoked: OrderedDict[str, float] = OrderedDict()  # jti -> checked at
+        # Every revoked jti (-> when its row may go) while ``_complete``: loaded after the listener
+        # connected, kept current by its notifications, no longer trusted after a gap.
+        self._all_revoked: dict[str, float] = {}
+        self._complete = False
+        self._loading: asyncio.Future[None] | None = None
 
     # -- issuing ------------------------------------------------------------------------------------
 
@@ -214,10 +232,16 @@ class TokenAuthority:
             raise TokenRevoked("token has been revoked")
         return claims
 
+    def revocations_complete(self) -> bool:
+        """True while every revocation is in memory and the listener hears new ones."""
+        return self._complete and self.listening()
+
     async def is_revoked(self, jti: str) -> bool:
         if jti in self._revoked:
             self._revoked.move_to_end(jti)
             return True
+        if self.revocations_complete():
+            return jti in self._all_revoked
         checked = self._not_revoked.get(jti)
         trust = self.listened_cache_s if self.listening() else self.negative_cache_s
         if checked is not None and self.clock() - checked < trust:
@@ -276,11 +300,55 @@ class TokenAuthority:
             self._remember_revoked(jti, 0.0)
 
     def notifications_missed(self) -> None:
-        """The listener was (re)connected or lost: forget every "not revoked" answer."""
+        """The listener was (re)connected or lost: forget every "not revoked" answer; once it
+        listens again, read the whole list anew (in a task: the listener calls this synchronously)."""
         self._epoch += 1
         self._not_revoked.clear()
+        self._complete = False
+        if self.notify_channel is not None and self.listening():
+            self._loading = asyncio.ensure_future(self._load_while_listening(self._epoch))
+
+    async def _load_while_listening(self, epoch: int) -> None:
+        while epoch == self._epoch and self.listening():
+            try:
+                if await self.load_revocations():
+                    return
+            except Exception as e:  # the database is away: the per-jti path serves meanwhile
+                log.warning("cannot load the revocation list: %s", e)
+            if epoch != self._epoch:
+                return
+            await asyncio.sleep(LOAD_RETRY_S)
+
+    async def load_revocations(self) -> bool:
+        """Read every unexpired revocation into memory (call once the listener is up); True if the
+        set is now complete. A gap during the read leaves it incomplete: the next load retries."""
+        epoch = self._epoch
+        now = self.clock()
+        async with self.sessions() as s:
+            count = (await s.execute(select(func.count()).where(RevokedToken.expires_at >= now))).scalar_one()
+            if count > MAX_REVOCATIONS_IN_MEMORY:
+                return False
+            rows = (
+                await s.execute(
+                    select(RevokedToken.jti, RevokedToken.expires_at).where(RevokedToken.expires_at >= now)
+                )
+            ).all()
+        if epoch != self._epoch:
+            return False
+        loaded = {jti: float(exp) for jti, exp in rows}
+        loaded.update(self._all_revoked)  # those notified while we read
+        self._all_revoked = {jti: exp for jti, exp in loaded.items() if exp >= now}
+        self._complete = True
+        return True
 
     def _remember_revoked(self, jti: str, expires_at: float) -> None:
+        if self.notify_channel is not None:  # replicas: the full set, kept until the token is dead
+            self._all_revoked[jti] = expires_at if expires_at > 0 else self.clock() + self.ttl_s
+            if len(self._all_revoked) > MAX_REVOCATIONS_IN_MEMORY:
+                self.forget_expired()
+                if len(self._all_revoked) > MAX_REVOCATIONS_IN_MEMORY:
+                    self._complete = False
+                    self._all_revoked.clear()
         self._revoked[jti] = expires_at
         self._revoked.move_to_end(jti)
         while len(self._revoked) > self.cache_size:
@@ -292,3 +360,11 @@ class TokenAuthority:
         async with self.sessions() as s, s.begin():
             result = await s.execute(delete(RevokedToken).where(RevokedToken.expires_at < now))
         return int(getattr(result, "rowcount", 0) or 0)
+
+    def forget_expired(self) -> int:
+        """Drop in-memory revocations of tokens expired anyway (every replica, housekeeping)."""
+        now = self.clock()
+        gone = [jti for jti, exp in self._all_revoked.items() if exp < now]
+        for jti in gone:
+            del self._all_revoked[jti]
+        return len(gone)

@@ -123,6 +123,7 @@ class SignalingClient:
 
     async def _run(self) -> None:
         failures = 0
+        spent = 0.0  # how long the last failed try took (a timeout: 10 s already waited)
         while not self._closed:
             ws = self._ws
             if ws is not None:
@@ -132,13 +133,15 @@ class SignalingClient:
             if self._closed:
                 return
             if not self._reconnect_now:
-                await asyncio.sleep(reconnect_delay(failures, self.max_backoff))
+                await asyncio.sleep(reconnect_delay(failures, self.max_backoff, spent=spent))
             self._reconnect_now = False
+            started = time.monotonic()
             try:
                 await self._open()
-                failures = 0
+                failures, spent = 0, 0.0
             except SignalingError as e:
                 failures += 1
+                spent = time.monotonic() - started
                 logger.info("signaling reconnect failed (%s); try %d", e, failures)
 
     async def _read(self, ws: aiohttp.ClientWebSocketResponse) -> None:
@@ -199,13 +202,20 @@ class SignalingClient:
             await self._session.close()
 
 
-def reconnect_delay(failures: int, max_backoff: float, rand: Callable[[], float] = random.random) -> float:
+def reconnect_delay(
+    failures: int, max_backoff: float, rand: Callable[[], float] = random.random, *, spent: float = 0.0
+) -> float:
     """Seconds to wait before reconnecting after ``failures`` failed tries in a row: 1, 2, 4 ... s up to
     ``max_backoff``, of which a random half ("equal jitter"). Without the jitter, every peer of a
     coordinator replica that died reconnects in the same instant, and again in lockstep after each
-    refusal; with it their hellos spread over the window and the survivors admit them in one pass."""
+    refusal; with it their hellos spread over the window and the survivors admit them in one pass.
+
+    ``spent``: how long the failed try itself took. The backoff runs from the start of that try, as
+    gRPC's connection backoff does: a try that failed after waiting out a 10 s timeout has already
+    given the server its pause, and waiting a full backoff more on top stacked timeouts and waits
+    into the ~60 s tail a failover's slowest peers took (four timeouts, then 1 + 2 + 4 + 8 s)."""
     ceiling = min(max_backoff, 2.0 ** max(0, failures))
-    return ceiling * (0.5 + 0.5 * rand())
+    return max(0.0, ceiling * (0.5 + 0.5 * rand()) - max(0.0, spent))
 
 
 def signaling_url_of(coordinator_url: str) -> str:

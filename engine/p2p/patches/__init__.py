@@ -61,7 +61,7 @@ from . import congestion, hosts, registry, sctp_sender
 logger = logging.getLogger(__name__)
 
 PINNED = registry.PINNED
-GROUPS = ("hosts", "sctp", "ice")
+GROUPS = ("hosts", "sctp", "ice", "dtls")
 _installed: set[str] = set()
 
 

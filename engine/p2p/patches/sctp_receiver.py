@@ -125,6 +125,28 @@ async def _receive_forward_tsn_chunk(self: Any, chunk: Any) -> None:
 
 # --- receive / SACK-processing fast paths ------------------------------------------------------
 
+_stock_receive_data_chunk: Callable[[Any, Any], Any] = _Transport._receive_data_chunk
+
+
+async def _receive_data_chunk(self: Any, chunk: Any) -> None:
+    """Stock ``_receive_data_chunk`` without awaiting ``_reset_deferred_streams`` when no stream reset
+    waits (``_reconfig_deferred`` is None): that coroutine then does nothing, but costs a coroutine per
+    DATA chunk. A deferred reset runs the stock code."""
+    if self._reconfig_deferred is not None:
+        await _stock_receive_data_chunk(self, chunk)
+        return
+    self._sack_needed = True
+    if self._mark_received(chunk.tsn):
+        return
+    inbound_stream = self._get_inbound_stream(chunk.stream_id)
+    inbound_stream.add_chunk(chunk)
+    self._advertised_rwnd -= len(chunk.user_data)
+    for message in inbound_stream.pop_messages():
+        self._advertised_rwnd += len(message[2])
+        await self._receive(*message)
+    if self._reconfig_deferred is not None:  # set while a message was delivered
+        await self._reset_deferred_streams()
+
 _stock_mark_received: Callable[[Any, int], bool] = _Transport._mark_received
 
 

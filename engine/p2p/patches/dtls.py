@@ -23,6 +23,7 @@ Relied upon (hashed in :mod:`.registry`): pyOpenSSL's ``Connection`` attributes 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,7 @@ from OpenSSL import SSL
 from OpenSSL._util import ffi as _ffi
 from OpenSSL._util import lib as _lib
 
+_dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
 _Dtls: Any = dtls.RTCDtlsTransport
 _stock_recv_next: Callable[[Any], Any] = _Dtls._recv_next
 _stock_write_ssl: Callable[[Any], Any] = _Dtls._write_ssl
@@ -50,7 +52,7 @@ _unpack = _ffi.buffer
 class _Fast:
     """What one transport's fast path needs, looked up once: the OpenSSL pointers and a buffer."""
 
-    __slots__ = ("ssl", "ssl_ptr", "into", "out", "buf", "conn")
+    __slots__ = ("buf", "conn", "into", "out", "ssl", "ssl_ptr")
 
     def __init__(self, transport: Any) -> None:
         ssl = transport._ssl
@@ -94,10 +96,8 @@ async def _flush(self: Any, f: _Fast) -> None:
     n = _BIO_read(f.out, f.buf, _BUFSIZE)
     if n <= 0:
         if not _BIO_should_retry(f.out):  # a real BIO failure (never seen): pyOpenSSL's error, swallowed
-            try:
+            with contextlib.suppress(SSL.Error):
                 f.ssl._handle_bio_errors(f.out, n)
-            except SSL.Error:
-                pass
         return
     await _send_datagram(f.conn, _unpack(f.buf, n)[:])
     self._RTCDtlsTransport__tx_bytes += n
@@ -190,11 +190,11 @@ async def _not_dtls(self: Any, data: bytes) -> None:
     """SRTP/SRTCP as stock ``_recv_next`` handles it (data channels never see it); others dropped."""
     first_byte = data[0]
     if 127 < first_byte < 192 and self._rx_srtp:
-        arrival_time_ms = dtls.clock.current_ms()
+        arrival_time_ms = _dtls_module.clock.current_ms()
         try:
-            if dtls.is_rtcp(data):
+            if _dtls_module.is_rtcp(data):
                 await self._handle_rtcp_data(self._rx_srtp.unprotect_rtcp(data))
             else:
                 await self._handle_rtp_data(self._rx_srtp.unprotect(data), arrival_time_ms=arrival_time_ms)
-        except dtls.pylibsrtp.Error:
+        except _dtls_module.pylibsrtp.Error:
             pass

@@ -59,13 +59,25 @@ _DTLS_RELIED = (  # not replaced; dtls.py calls or reads them (pyOpenSSL interna
     ("OpenSSL.SSL.Connection.send", "3a17d0bf025164cfbbc909c7362fdeb27d1e9f135f3ebaf9ce4376fe5e198625"),
     ("OpenSSL.SSL.Connection.bio_read", "bc83763ed40fc664a3015c30cdd5c5eb65d73cc09783f9686af0d814280825b3"),
     ("OpenSSL.SSL.Connection.bio_write", "2198d63b78ada6dcd59c1e6d6f1b0d80b8f484637acd7633eb14f8d392f6a2a4"),
-    ("OpenSSL.SSL.Connection._raise_ssl_error", "04b0d7964c73ea9eb7948883b2bd1c1d7d188ca9b5826f73f339de781868b18f"),
-    ("OpenSSL.SSL.Connection._handle_bio_errors", "eaea77f2e1fab12efa994b7249e5b49a82743dcbc25a9cc4d36af8b667b8af20"),
+    (
+        "OpenSSL.SSL.Connection._raise_ssl_error",
+        "04b0d7964c73ea9eb7948883b2bd1c1d7d188ca9b5826f73f339de781868b18f",
+    ),
+    (
+        "OpenSSL.SSL.Connection._handle_bio_errors",
+        "eaea77f2e1fab12efa994b7249e5b49a82743dcbc25a9cc4d36af8b667b8af20",
+    ),
     ("aioice.ice.Connection.recvfrom", "676acc01e4a9a9da04d94d86092a81ba17f1ef77bed0322c8302e3436310e863"),
     ("aioice.ice.Connection.sendto", "bf162ec03bdce2cc2b9602cd47a03aa70b15b45383da4d0618090e65179f7e85"),
-    ("aioice.ice.Connection.data_received", "5631b17fab717d6b9a956b775d6f5580a50c2419dc6ef693286a98355e98a253"),
+    (
+        "aioice.ice.Connection.data_received",
+        "5631b17fab717d6b9a956b775d6f5580a50c2419dc6ef693286a98355e98a253",
+    ),
     ("aioice.ice.StunProtocol.send_data", "8bfbce074a897482d13dba6bf49ff6f09e48f84327143b801a3a12d2e43de358"),
-    ("aiortc.rtcicetransport.RTCIceTransport.start", "54279d028c0eb849cff7c9352d445b1cc5496a37a7b6a8d23cda83d64a5f635a"),
+    (
+        "aiortc.rtcicetransport.RTCIceTransport.start",
+        "54279d028c0eb849cff7c9352d445b1cc5496a37a7b6a8d23cda83d64a5f635a",
+    ),
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -103,6 +115,7 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_handle_data",
         "8661b724e20776bbf9af6f68a828cfb952d2deb617d7a9e0f143d641bdae95e2",
         "sctp",
+        _R._handle_data,
     ),
     Patch(
         _T + "_receive_data_chunk",

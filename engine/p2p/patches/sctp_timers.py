@@ -105,7 +105,6 @@ def _t3_fire(self: Any) -> None:
     self._t3_expired()
 
 
-
 def t3_expired(self: Any) -> None:
     self._t3_handle = None
     st = self._lah_stats

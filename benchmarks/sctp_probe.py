@@ -19,6 +19,7 @@ import multiprocessing as mp
 import os
 import sys
 import time
+from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -28,7 +29,11 @@ MIB = 1 << 20
 
 
 def _setup(
-    patched: bool, use_uvloop: bool, sender_fast: bool = True, cc: str | None = None
+    patched: bool,
+    use_uvloop: bool,
+    sender_fast: bool = True,
+    cc: str | None = None,
+    stock_groups: Sequence[str] = (),
 ) -> asyncio.AbstractEventLoop:
     from engine.p2p import patches
     from engine.p2p.patches import registry
@@ -38,6 +43,8 @@ def _setup(
         patches.install(strict=True)
         if cc:
             patches.set_default_congestion_control(cc)
+        for group in stock_groups:  # A/B: one patch group put back to stock
+            registry.uninstall_group(group)
         if not sender_fast:  # A/B: the receiver patches with aiortc's stock sender
             from aiortc.rtcsctptransport import RTCSctpTransport
 
@@ -151,7 +158,7 @@ def _run_profiled(loop: asyncio.AbstractEventLoop, coro: Any, path: str | None) 
 
 
 def _receiver_main(conn: Connection, args: argparse.Namespace) -> None:
-    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc)
+    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc, args.stock_group)
     path = f"{args.profile}.receiver.prof" if args.profile else None
     _run_profiled(loop, _receiver(conn, args), path)
 
@@ -171,6 +178,13 @@ def main() -> None:
         help="A/B: patched receiver, stock sender",
     )
     p.add_argument("--cc", choices=["bbr", "cubic"], help="the patched sender's congestion controller")
+    p.add_argument(
+        "--stock-group",
+        action="append",
+        default=[],
+        choices=["sctp", "ice", "dtls"],
+        help="A/B: leave this patch group stock (repeatable)",
+    )
     p.add_argument("--profile", metavar="PREFIX", help="cProfile both sides to PREFIX.{sender,receiver}.prof")
     args = p.parse_args()
 
@@ -178,7 +192,7 @@ def main() -> None:
     a, b = ctx.Pipe()
     proc = ctx.Process(target=_receiver_main, args=(b, args))
     proc.start()
-    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc)
+    loop = _setup(args.patched, args.uvloop, args.sender_fast, args.cc, args.stock_group)
     try:
         path = f"{args.profile}.sender.prof" if args.profile else None
         res = _run_profiled(loop, _sender(a, args), path)
@@ -193,6 +207,7 @@ def main() -> None:
         "uvloop": args.uvloop,
         "sender_fast": args.patched and args.sender_fast,
         "cc": args.cc,
+        "stock_groups": args.stock_group,
         "msg_kib": args.msg_kib,
         "mib": args.mib,
         "mb_s": round(mb / res["wall"], 2),

@@ -168,6 +168,8 @@ class FramedChannel:
     def _raise_if_failed(self) -> None:
         if self.error is not None:
             raise ConnectionLost(f"channel closed: {self.error}") from self.error
+        if self.channel.readyState in ("closing", "closed"):  # before its close event: send would raise
+            raise ConnectionLost(f"channel {self.channel.readyState}")
 
     # -- receiving -------------------------------------------------------------------------------
 

@@ -34,7 +34,7 @@ def test_versions_match_pin() -> None:
         f"aiortc/aioice changed from {patches.PINNED} to {found}: review every patch in "
         "engine/p2p/patches against the new source"
     )
-    assert registry.verify() == {"hosts": [], "sctp": [], "ice": []}
+    assert registry.verify() == {"hosts": [], "sctp": [], "ice": [], "dtls": []}
 
 
 @pytest.mark.parametrize("patch", registry.PATCHES, ids=lambda p: p.name)
@@ -63,7 +63,7 @@ def test_wire_constants_unchanged() -> None:
 
 
 def test_install_is_idempotent_and_installed() -> None:
-    assert patches.install(strict=True) == {"hosts", "sctp", "ice"}
+    assert patches.install(strict=True) == {"hosts", "sctp", "ice", "dtls"}
     assert patches.installed("sctp") and patches.installed("ice")
     assert sctp.InboundStream is sctp_receiver.FastInboundStream
     assert 0 < sctp_receiver.SACK_DELAY <= 0.2
@@ -71,13 +71,13 @@ def test_install_is_idempotent_and_installed() -> None:
 
 @pytest.fixture
 def uninstalled(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The sctp and ice groups put back to stock for one test, reinstalled afterwards."""
-    for group in ("sctp", "ice"):
+    """The sctp, ice and dtls groups put back to stock for one test, reinstalled afterwards."""
+    for group in ("sctp", "ice", "dtls"):
         registry.uninstall_group(group)
     monkeypatch.setattr(patches, "_installed", {"hosts"})
     yield
     monkeypatch.undo()
-    for group in ("sctp", "ice"):
+    for group in ("sctp", "ice", "dtls"):
         registry.install_group(group)
 
 
@@ -106,16 +106,16 @@ def test_changed_source_runs_stock(uninstalled: Any, monkeypatch: pytest.MonkeyP
     problems = registry.verify()
     assert problems["sctp"] == ["aiortc.rtcsctptransport.RTCSctpTransport._send_sack changed upstream"]
     assert problems["ice"] == [] and problems["hosts"] == []
-    assert patches.install() == {"hosts", "ice"}
+    assert patches.install() == {"hosts", "ice", "dtls"}
     assert not patches.installed("sctp")
 
 
 def test_frozen_bundle_without_sources_trusts_the_version_pin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "source_sha256", lambda obj: None)  # PyInstaller ships no .py
-    assert registry.verify() == {"hosts": [], "sctp": [], "ice": []}
+    assert registry.verify() == {"hosts": [], "sctp": [], "ice": [], "dtls": []}
     monkeypatch.setattr(registry, "PINNED", {"aiortc": "0.0.1", "aioice": "0.13.0"})
     problems = registry.verify()
-    assert problems["sctp"] and problems["ice"] and problems["hosts"]
+    assert problems["sctp"] and problems["ice"] and problems["hosts"] and problems["dtls"]
 
 
 async def test_stock_fallback_still_moves_data(uninstalled: Any) -> None:

@@ -2,7 +2,7 @@
 
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
 :mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
-:mod:`.sctp_timers`) hold the replacements;
+:mod:`.sctp_timers`) and :mod:`.dtls` (records and datagrams, below SCTP) hold the replacements;
 :mod:`.congestion` holds the pure congestion controllers the sender drives. :func:`install` is called
 explicitly once at process start (the ``lah`` CLI, tests' conftest, benchmarks), never by a
 constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or where a replaced
@@ -42,12 +42,25 @@ Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this
    (RFC 7983 demultiplexing) and goes straight to the connection instead of first failing a STUN
    parse (an exception per packet). STUN (first byte 0..3) is handled as before.
 
+6. No ``_reset_deferred_streams`` coroutine per DATA chunk when no stream reset waits (it would do
+   nothing); ``_handle_data`` dispatches DATA and SACK chunks directly instead of through
+   ``_receive_chunk`` (packets with an INIT, another association's tag, or aiortc's debug log on take
+   the stock path). Local only; the receiver state after hostile packets equals stock's (oracle test).
+7. Lazy T3 (:mod:`.sctp_timers`): a restart moves a deadline instead of cancelling and creating a loop
+   timer per SACK; the one timer re-arms itself at expiry when the deadline moved on. Expires when
+   stock's would (the latest start or restart plus the RTO of that moment, RFC 9260 6.3.2).
+8. DTLS records and datagrams (:mod:`.dtls`, group ``dtls``): after the handshake, OpenSSL's record calls
+   through the cffi bindings without pyOpenSSL's per-call wrappers (no exception per empty BIO read),
+   datagrams straight to the nominated UDP pair's transport and straight from aioice's queue. Same
+   OpenSSL calls in the same order: same bytes on the wire. Also hashes the pyOpenSSL and aioice
+   internals it relies on; any mismatch leaves this group stock.
+
 Figures (benchmarks/sctp_probe.py, 32 MiB, 2 noisy cores; CPU ms per MiB, both processes, median of
 3): stock asyncio 64 KiB 100 (1 run); patched+uvloop 1-5: 64 KiB 55, 256 KiB 59. Earlier sender fast
 paths (indexed SACK processing, a retransmit-scan flag) showed no measurable gain and went when the
 sender was replaced. 256 KiB messages are not cheaper than 64 KiB.
 
-Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the SDP, the DTLS layer.
+Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the SDP, the DTLS handshake.
 """
 
 from __future__ import annotations
@@ -61,7 +74,7 @@ from . import congestion, hosts, registry, sctp_sender
 logger = logging.getLogger(__name__)
 
 PINNED = registry.PINNED
-GROUPS = ("hosts", "sctp", "ice")
+GROUPS = ("hosts", "sctp", "ice", "dtls")
 _installed: set[str] = set()
 
 

@@ -3,8 +3,9 @@
 Each :class:`Patch` names an original by dotted path, the sha256 of ``inspect.getsource`` of it as
 written in the pinned versions, and its replacement (None: not replaced, but a replacement relies on
 how it behaves, so a change to it must be reviewed too). Patches form groups that are installed whole
-or not at all: ``hosts`` (candidate pinning, needed by tests and the demo), ``sctp`` and ``ice``
-(speed and recovery; only on the pinned versions). :func:`verify` says what does not match; the
+or not at all: ``hosts`` (candidate pinning, needed by tests and the demo), ``sctp``, ``ice`` and
+``dtls`` (speed and recovery; only on the pinned versions; ``dtls`` also hashes the pyOpenSSL and aioice
+internals it calls). :func:`verify` says what does not match; the
 package's ``install`` then leaves that group stock and warns.
 """
 
@@ -19,10 +20,10 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import hosts, ice, sctp_receiver, sctp_sender, sctp_timers
+from . import dtls, hosts, ice, sctp_receiver, sctp_sender, sctp_timers
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
-VERSIONED_GROUPS = ("sctp", "ice")  # written against PINNED; "hosts" only needs its hash to match
+VERSIONED_GROUPS = ("sctp", "ice", "dtls")  # written against PINNED; "hosts" only needs its hash to match
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,34 @@ def _resolve(name: str) -> tuple[Any, str]:
 _T = "aiortc.rtcsctptransport.RTCSctpTransport."
 _S = sctp_sender
 _R = sctp_receiver
+
+_D = "aiortc.rtcdtlstransport.RTCDtlsTransport."
+_DTLS_RELIED = (  # not replaced; dtls.py calls or reads them (pyOpenSSL internals, aioice's queue and pair)
+    ("OpenSSL.SSL.Connection.__init__", "3161e88318ab241317736fb6efcdb580175e822127ab37e0b05e5083828734f3"),
+    ("OpenSSL.SSL.Connection.recv", "84b0e9671ae37797ed9604ca3e0001a20882bd7d0051e26a1f4df66aaef06ef4"),
+    ("OpenSSL.SSL.Connection.send", "3a17d0bf025164cfbbc909c7362fdeb27d1e9f135f3ebaf9ce4376fe5e198625"),
+    ("OpenSSL.SSL.Connection.bio_read", "bc83763ed40fc664a3015c30cdd5c5eb65d73cc09783f9686af0d814280825b3"),
+    ("OpenSSL.SSL.Connection.bio_write", "2198d63b78ada6dcd59c1e6d6f1b0d80b8f484637acd7633eb14f8d392f6a2a4"),
+    (
+        "OpenSSL.SSL.Connection._raise_ssl_error",
+        "04b0d7964c73ea9eb7948883b2bd1c1d7d188ca9b5826f73f339de781868b18f",
+    ),
+    (
+        "OpenSSL.SSL.Connection._handle_bio_errors",
+        "eaea77f2e1fab12efa994b7249e5b49a82743dcbc25a9cc4d36af8b667b8af20",
+    ),
+    ("aioice.ice.Connection.recvfrom", "676acc01e4a9a9da04d94d86092a81ba17f1ef77bed0322c8302e3436310e863"),
+    ("aioice.ice.Connection.sendto", "bf162ec03bdce2cc2b9602cd47a03aa70b15b45383da4d0618090e65179f7e85"),
+    (
+        "aioice.ice.Connection.data_received",
+        "5631b17fab717d6b9a956b775d6f5580a50c2419dc6ef693286a98355e98a253",
+    ),
+    ("aioice.ice.StunProtocol.send_data", "8bfbce074a897482d13dba6bf49ff6f09e48f84327143b801a3a12d2e43de358"),
+    (
+        "aiortc.rtcicetransport.RTCIceTransport.start",
+        "54279d028c0eb849cff7c9352d445b1cc5496a37a7b6a8d23cda83d64a5f635a",
+    ),
+)
 
 PATCHES: tuple[Patch, ...] = (
     Patch(
@@ -86,11 +115,13 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_handle_data",
         "8661b724e20776bbf9af6f68a828cfb952d2deb617d7a9e0f143d641bdae95e2",
         "sctp",
+        _R._handle_data,
     ),
     Patch(
         _T + "_receive_data_chunk",
         "790c2bb8cd0f5dd735cb051ac669ccc5749a25965fb19a6aeb740fc861563048",
         "sctp",
+        _R._receive_data_chunk,
     ),
     Patch(
         _T + "__init__",
@@ -162,11 +193,13 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_t3_restart",
         "abf85ae57b8fa1449570f0290f529b57fe181432e65245d1ca9719584320af8d",
         "sctp",
+        sctp_timers.t3_restart,
     ),
     Patch(
         _T + "_t3_start",
         "fa045ec7c5fff3d70acdfe21dc70951e4223a8b617cff1a37c1a75b239d9b403",
         "sctp",
+        sctp_timers.t3_start,
     ),
     Patch(
         "aioice.ice.StunProtocol.datagram_received",
@@ -192,6 +225,25 @@ PATCHES: tuple[Patch, ...] = (
         "ice",
         ice.relayed_candidate,
     ),
+    Patch(
+        _D + "_recv_next",
+        "998076720c05aa13faadff2dfa337f6964c171fa6791789a72693e1480c74102",
+        "dtls",
+        dtls.recv_next,
+    ),
+    Patch(
+        _D + "_write_ssl",
+        "6573c0237063bdf0df41ede543428ea6e669020e86b93e8484bbac9c9730a54a",
+        "dtls",
+        dtls.write_ssl,
+    ),
+    Patch(
+        _D + "_send_data",
+        "ee6cd411dd7f8eda6da0344f01b98f3c24ae9072cd3ef36d0a0acdd7a618eb47",
+        "dtls",
+        dtls.send_data,
+    ),
+    *(Patch(name, digest, "dtls") for name, digest in _DTLS_RELIED),
 )
 
 # The stock objects, captured before anything is installed: the oracle for tests and the fallback.

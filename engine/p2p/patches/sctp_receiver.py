@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -124,6 +125,65 @@ async def _receive_forward_tsn_chunk(self: Any, chunk: Any) -> None:
 
 
 # --- receive / SACK-processing fast paths ------------------------------------------------------
+
+_stock_handle_data: Callable[[Any, bytes], Any] = _Transport._handle_data
+_parse_packet = sctp.parse_packet
+_DataChunk = sctp.DataChunk
+_SackChunk = sctp.SackChunk
+_InitChunk = sctp.InitChunk
+_sctp_logger = logging.getLogger("aiortc.rtcsctptransport")
+
+
+async def _handle_data(self: Any, data: bytes) -> None:
+    """Stock ``_handle_data`` with DATA and SACK chunks dispatched directly (stock goes through
+    ``_receive_chunk``'s isinstance chain, one more coroutine per chunk, and builds a list per packet to
+    look for INIT). A packet with an INIT, a verification tag that is not ours, or aiortc's debug log on
+    takes the stock path unchanged."""
+    try:
+        _, _, verification_tag, chunks = _parse_packet(data)
+    except ValueError:
+        return
+    if verification_tag != self._local_verification_tag or _sctp_logger.isEnabledFor(logging.DEBUG):
+        await _stock_handle_data(self, data)
+        return
+    for chunk in chunks:
+        if type(chunk) is _InitChunk:
+            await _stock_handle_data(self, data)
+            return
+    for chunk in chunks:
+        kind = type(chunk)
+        if kind is _DataChunk:
+            await self._receive_data_chunk(chunk)
+        elif kind is _SackChunk:
+            await self._receive_sack_chunk(chunk)
+        else:
+            await self._receive_chunk(chunk)
+    if self._sack_needed:
+        await self._send_sack()
+
+
+_stock_receive_data_chunk: Callable[[Any, Any], Any] = _Transport._receive_data_chunk
+
+
+async def _receive_data_chunk(self: Any, chunk: Any) -> None:
+    """Stock ``_receive_data_chunk`` without awaiting ``_reset_deferred_streams`` when no stream reset
+    waits (``_reconfig_deferred`` is None): that coroutine then does nothing, but costs a coroutine per
+    DATA chunk. A deferred reset runs the stock code."""
+    if self._reconfig_deferred is not None:
+        await _stock_receive_data_chunk(self, chunk)
+        return
+    self._sack_needed = True
+    if self._mark_received(chunk.tsn):
+        return
+    inbound_stream = self._get_inbound_stream(chunk.stream_id)
+    inbound_stream.add_chunk(chunk)
+    self._advertised_rwnd -= len(chunk.user_data)
+    for message in inbound_stream.pop_messages():
+        self._advertised_rwnd += len(message[2])
+        await self._receive(*message)
+    if self._reconfig_deferred is not None:  # set while a message was delivered
+        await self._reset_deferred_streams()
+
 
 _stock_mark_received: Callable[[Any, int], bool] = _Transport._mark_received
 

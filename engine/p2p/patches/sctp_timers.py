@@ -69,6 +69,43 @@ async def _send_probe(self: Any) -> None:
 
 
 # --- retransmission timer ---------------------------------------------------------------------
+#
+# Lazy T3: stock aiortc cancels and creates an event-loop timer on every SACK that acknowledges new data
+# (``_t3_restart``), about once per two packets. Here a restart only moves ``_t3_deadline`` (loop time)
+# and one timer stays armed; when it fires before the deadline it re-arms itself for the rest. The
+# timer therefore expires exactly when stock's would (RTO after the latest start or restart, with the
+# RTO of that moment; RFC 9260 6.3.2 R1-R3), give or take the loop's millisecond resolution.
+# ``_t3_cancel`` stays stock (a real cancel: it runs once per drained flight, not per SACK).
+
+_EARLY = 0.001  # a timer firing this close to its deadline counts as on time (uvloop rounds to ms)
+
+
+def t3_start(self: Any) -> None:
+    assert self._t3_handle is None
+    loop = self._loop
+    self._t3_deadline = loop.time() + self._rto
+    self._t3_handle = loop.call_at(self._t3_deadline, _t3_fire, self)
+
+
+def t3_restart(self: Any) -> None:
+    loop = self._loop
+    deadline = loop.time() + self._rto
+    self._t3_deadline = deadline
+    handle = self._t3_handle
+    if handle is not None:
+        if handle.when() <= deadline:
+            return  # fires first and re-arms for the rest
+        handle.cancel()  # the RTO shrank: the armed timer would fire too late
+    self._t3_handle = loop.call_at(deadline, _t3_fire, self)
+
+
+def _t3_fire(self: Any) -> None:
+    loop = self._loop
+    deadline = self._t3_deadline
+    if loop.time() < deadline - _EARLY:
+        self._t3_handle = loop.call_at(deadline, _t3_fire, self)
+        return
+    self._t3_expired()
 
 
 def t3_expired(self: Any) -> None:

@@ -1,0 +1,207 @@
+"""DTLS records and their datagrams with fewer Python calls per packet (the ``dtls`` patch group).
+
+aiortc moves every data-channel packet through pyOpenSSL's ``bio_write``/``recv``/``send``/``bio_read``
+wrappers (a fresh buffer, three helper checks and ``SSL_get_error`` per call) and reads the outgoing
+memory BIO after every received record, where an empty BIO makes pyOpenSSL raise ``WantReadError``
+(an exception per packet, caught by aiortc). Each datagram then passes through three coroutine layers
+of aioice on the way out (``Connection.send`` -> ``sendto`` -> ``StunProtocol.send_data``) and three on
+the way in (``RTCIceTransport._recv`` -> ``Connection.recv`` -> ``recvfrom`` -> the queue).
+
+Here, once the handshake is done, the same OpenSSL calls go through the cffi bindings pyOpenSSL itself
+uses (``OpenSSL._util.lib``), into one preallocated buffer per transport; an empty outgoing BIO is
+recognised by ``BIO_should_retry`` without an exception; a datagram goes straight to the nominated
+pair's UDP transport when that pair is a plain ``StunProtocol`` (a TURN pair still goes through its
+protocol's ``send_data``); and a received datagram is taken from aioice's queue without the wrappers.
+Every error path calls pyOpenSSL's own error handling, so errors are the same exceptions as stock.
+The OpenSSL calls, their order and sizes (1500) are stock's: the records and datagrams on the wire are
+byte for byte the same. The handshake, SRTP and anything before ``CONNECTED`` stay stock.
+
+Relied upon (hashed in :mod:`.registry`): pyOpenSSL's ``Connection`` attributes ``_ssl``, ``_into_ssl``,
+``_from_ssl`` and its ``_raise_ssl_error``/``_handle_bio_errors``; aioice's ``Connection._queue``,
+``_nominated`` and ``StunProtocol.send_data``. A hash that differs leaves the whole group stock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import aioice.ice as ice
+from aiortc import rtcdtlstransport as dtls
+from OpenSSL import SSL
+from OpenSSL._util import ffi as _ffi
+from OpenSSL._util import lib as _lib
+
+_dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
+_Dtls: Any = dtls.RTCDtlsTransport
+_stock_recv_next: Callable[[Any], Any] = _Dtls._recv_next
+_stock_write_ssl: Callable[[Any], Any] = _Dtls._write_ssl
+_stock_send_data: Callable[[Any, bytes], Any] = _Dtls._send_data
+_CONNECTED = dtls.State.CONNECTED
+_StunProtocol = ice.StunProtocol
+_BUFSIZE = 1500  # aiortc's read size for both directions
+_SSL_read = _lib.SSL_read
+_SSL_write = _lib.SSL_write
+_BIO_read = _lib.BIO_read
+_BIO_write = _lib.BIO_write
+_BIO_should_retry = _lib.BIO_should_retry
+_unpack = _ffi.buffer
+
+
+class _Fast:
+    """What one transport's fast path needs, looked up once: the OpenSSL pointers and a buffer."""
+
+    __slots__ = ("buf", "conn", "into", "out", "ssl", "ssl_ptr")
+
+    def __init__(self, transport: Any) -> None:
+        ssl = transport._ssl
+        self.ssl = ssl
+        self.ssl_ptr = ssl._ssl
+        self.into = ssl._into_ssl
+        self.out = ssl._from_ssl
+        self.buf = _ffi.new("char[]", _BUFSIZE)
+        self.conn = transport.transport._connection
+
+
+def _fast(self: Any) -> _Fast | None:
+    """The fast-path state once the handshake is done and the ICE transport is aioice's, else None."""
+    f: _Fast | None = self.__dict__.get("_lah_fast")
+    if f is not None and f.ssl is self._ssl:
+        return f
+    if not self._RTCDtlsTransport__handshake_done or self._state is not _CONNECTED:
+        return None
+    ice_transport = self.transport
+    conn = getattr(ice_transport, "_connection", None)
+    if conn is None or getattr(ice_transport, "_recv", None) != conn.recv:
+        return None
+    f = self._lah_fast = _Fast(self)
+    return f
+
+
+async def _send_datagram(conn: Any, data: bytes) -> None:
+    """aioice ``Connection.send`` (component 1) without its coroutine layers for a plain UDP pair."""
+    pair = conn._nominated.get(1)
+    if pair is None:
+        raise ConnectionError("Cannot send data, not connected")
+    protocol = pair.protocol
+    if type(protocol) is _StunProtocol:
+        protocol.transport.sendto(data, pair.remote_addr)  # what StunProtocol.send_data does
+    else:
+        await protocol.send_data(data, pair.remote_addr)
+
+
+async def _flush(self: Any, f: _Fast) -> None:
+    """``_write_ssl``: send what OpenSSL wrote to the outgoing BIO (one read of up to 1500 bytes)."""
+    n = _BIO_read(f.out, f.buf, _BUFSIZE)
+    if n <= 0:
+        if not _BIO_should_retry(f.out):  # a real BIO failure (never seen): pyOpenSSL's error, swallowed
+            with contextlib.suppress(SSL.Error):
+                f.ssl._handle_bio_errors(f.out, n)
+        return
+    await _send_datagram(f.conn, _unpack(f.buf, n)[:])
+    self._RTCDtlsTransport__tx_bytes += n
+    self._RTCDtlsTransport__tx_packets += 1
+
+
+async def write_ssl(self: Any) -> None:
+    f = _fast(self)
+    if f is None:
+        await _stock_write_ssl(self)
+        return
+    await _flush(self, f)
+
+
+async def send_data(self: Any, data: bytes) -> None:
+    f = _fast(self)
+    if f is None or self._state is not _CONNECTED:  # stock raises ConnectionError when not connected
+        await _stock_send_data(self, data)
+        return
+    n = _SSL_write(f.ssl_ptr, data, len(data))
+    if n <= 0:
+        f.ssl._raise_ssl_error(f.ssl_ptr, n)  # raises what pyOpenSSL's send raises
+    await _flush(self, f)
+
+
+async def recv_next(self: Any) -> None:
+    """Stock ``_recv_next`` for every datagram already queued (a burst), then back to aiortc's loop.
+
+    Stock also takes a queued datagram without yielding to the event loop, so the order of work is
+    the same; only the per-datagram return to ``__run`` and the lookups are saved."""
+    f = _fast(self)
+    if f is None:
+        await _stock_recv_next(self)
+        return
+    conn = f.conn
+    if not conn._nominated:
+        raise ConnectionError("Cannot receive data, not connected")
+    q = conn._queue
+    result = q.get_nowait() if q.qsize() else await q.get()
+    while True:
+        if result is None:
+            raise ConnectionError("Connection lost while receiving data")
+        data = result[0]
+        self._RTCDtlsTransport__rx_bytes += len(data)
+        self._RTCDtlsTransport__rx_packets += 1
+        first_byte = data[0]
+        if not 19 < first_byte < 64:
+            await _not_dtls(self, data)
+        elif f.ssl is not self._ssl:  # replaced while we waited (never in aiortc): the stock calls
+            self._lah_fast = None
+            await _stock_record(self, data)
+            return
+        else:
+            n = _BIO_write(f.into, data, len(data))
+            if n <= 0:
+                f.ssl._handle_bio_errors(f.into, n)  # raises, as pyOpenSSL's bio_write does
+            n = _SSL_read(f.ssl_ptr, f.buf, _BUFSIZE)
+            plain: bytes | None
+            if n > 0:
+                plain = _unpack(f.buf, n)[:]
+            else:
+                try:
+                    f.ssl._raise_ssl_error(f.ssl_ptr, n)
+                    plain = b""
+                except SSL.ZeroReturnError:
+                    plain = None
+                except SSL.Error:
+                    plain = b""
+            await _flush(self, f)
+            if plain is None:
+                raise ConnectionError  # stock logs "DTLS shutdown by remote party" at debug level
+            if plain and self._data_receiver:
+                await self._data_receiver._handle_data(plain)
+        if not q.qsize() or not conn._nominated:
+            return
+        result = q.get_nowait()
+
+
+async def _stock_record(self: Any, data: bytes) -> None:
+    """One DTLS datagram through pyOpenSSL's wrappers, exactly as stock ``_recv_next`` handles it."""
+    self._ssl.bio_write(data)
+    plain: bytes | None
+    try:
+        plain = self._ssl.recv(_BUFSIZE)
+    except SSL.ZeroReturnError:
+        plain = None
+    except SSL.Error:
+        plain = b""
+    await self._write_ssl()
+    if plain is None:
+        raise ConnectionError
+    if plain and self._data_receiver:
+        await self._data_receiver._handle_data(plain)
+
+
+async def _not_dtls(self: Any, data: bytes) -> None:
+    """SRTP/SRTCP as stock ``_recv_next`` handles it (data channels never see it); others dropped."""
+    first_byte = data[0]
+    if 127 < first_byte < 192 and self._rx_srtp:
+        arrival_time_ms = _dtls_module.clock.current_ms()
+        try:
+            if _dtls_module.is_rtcp(data):
+                await self._handle_rtcp_data(self._rx_srtp.unprotect_rtcp(data))
+            else:
+                await self._handle_rtp_data(self._rx_srtp.unprotect(data), arrival_time_ms=arrival_time_ms)
+        except _dtls_module.pylibsrtp.Error:
+            pass

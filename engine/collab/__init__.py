@@ -6,6 +6,7 @@ Layers, bottom up (each imports only those below it)::
     progress     signed progress values, ProgressView (replays), derive_progress / clock_offset: pure
     partition    balance_parts: part sizes from bandwidths (the LP, in closed form): pure
     codec        lossy round trip of a chunk, ErrorFeedback: pure tensor functions
+    memory       glibc's allocator told to return freed buffers (mmap threshold pinned, trim)
     group        Group (members, parts, compression) and its wire form
     reducer      PartReducer: one reducer's slice of one round (exclusion, stall watchdog)
     tracker      ProgressTracker: publish / read progress in the DHT

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -34,12 +35,14 @@ from engine.wire import Compression, Kind, Message, WireError
 from .codec import ErrorFeedback, bytes_per_element
 from .errors import PartRejected
 from .group import Group
+from .memory import pin_mmap_threshold, trim
 from .reducer import PartReducer
 
 logger = logging.getLogger(__name__)
 
 REDUCE = "collab.reduce"
 DEFAULT_CHUNK = 1 << 16
+FINISHED_ROUNDS_KEPT = 256  # ids of rounds reduced here and over, so a late chunk is told at once
 
 
 @dataclass
@@ -75,8 +78,10 @@ class AllReduceService:
         self.peer = peer
         self.config = config or AllReduceConfig()
         self._rounds: dict[str, PartReducer] = {}
+        self._finished: deque[str] = deque(maxlen=FINISHED_ROUNDS_KEPT)
         self._registered = asyncio.Event()
         peer.handlers.add_unary(REDUCE, self._serve_reduce)
+        pin_mmap_threshold()  # freed vectors and accumulators go back to the OS (see .memory)
 
     @property
     def me(self) -> str:
@@ -87,6 +92,8 @@ class AllReduceService:
     async def _round(self, round_id: str) -> PartReducer | None:
         deadline = time.monotonic() + self.config.register_wait
         while round_id not in self._rounds:
+            if round_id in self._finished:
+                return None
             left = deadline - time.monotonic()
             if left <= 0:
                 return None
@@ -160,15 +167,28 @@ class AllReduceService:
             if reducer is not None:
                 reducer.stop()
                 report.excluded = dict(reducer.excluded)
-                asyncio.get_running_loop().call_later(
-                    self.config.stall_timeout, self._rounds.pop, group.round_id, None
-                )
+                if reducer.complete.is_set():
+                    # Every live member's chunks are in and every average is handed out (replies
+                    # still being sent hold views of theirs): the accumulator goes now, not after
+                    # a delay during which the next round's would be allocated beside it.
+                    self._rounds.pop(group.round_id, None)
+                    self._finished.append(group.round_id)
+                else:  # members may still be sending: they get what was finished, or time out
+                    asyncio.get_running_loop().call_later(
+                        self.config.stall_timeout, self._forget, group.round_id
+                    )
+                del reducer
+            trim()
         for j, left in pending.items():
             if left:
                 lo, hi = group.part_range(j)
                 report.local_elements += min(hi - lo, left * self.config.chunk)
         report.seconds = time.monotonic() - started
         return report
+
+    def _forget(self, round_id: str) -> None:
+        if self._rounds.pop(round_id, None) is not None:
+            self._finished.append(round_id)
 
     def window_for(self, compression: Compression) -> int:
         """Chunk calls in flight per reducer: the same bytes in flight whatever the compression."""

@@ -8,8 +8,12 @@ before it delivered all its chunks. Contributions that arrived before an exclusi
 stay in; nothing more is waited for from that member. So each chunk finishes within ``stall_timeout`` of
 its last live contribution: a round never waits forever on anyone.
 
-Memory: one float32 accumulator the size of the slice, reused in place for the results (no residual:
-the slice a reducer holds moves between rounds, so there is nothing to feed back into).
+Memory: one float32 accumulator per chunk, allocated when the chunk's first contribution arrives,
+reused in place for its result, and dropped once every member whose contribution it holds has been
+handed the result (replies still being sent keep their own reference). Members send in order and run
+at most a window ahead of the slowest, so a reducer holds a few chunks at a time, not its whole slice
+(no residual either: the slice a reducer holds moves between rounds, so there is nothing to feed back
+into).
 """
 
 from __future__ import annotations
@@ -52,7 +56,13 @@ class PartReducer:
         self.offset = lo
         self.size = hi - lo
         self.n_chunks = -(-self.size // chunk)
-        self.acc = torch.zeros(self.size, dtype=torch.float32)
+        self.acc: dict[int, torch.Tensor] = {}  # chunk -> its accumulator, then its result
+        self.served: list[set[str]] = [set() for _ in range(self.n_chunks)]
+        self.peak_held = 0  # most chunk accumulators held at once
+        # This peer's own chunks, kept as given (views of its vector, which nothing writes until the
+        # chunk is finished) and summed in when the chunk's accumulator is made: its member adds its
+        # whole slice at the start, which must not allocate the whole slice.
+        self._own: dict[int, tuple[torch.Tensor, float]] = {}
         self.weight = [0.0] * self.n_chunks
         self.arrived: list[set[str]] = [set() for _ in range(self.n_chunks)]
         self.done = [asyncio.Event() for _ in range(self.n_chunks)]
@@ -104,7 +114,10 @@ class PartReducer:
         if reason is not None:
             self.exclude(sender, reason)
             raise PartRejected(reason)
-        self.acc[a:b].add_(values.reshape(-1), alpha=float(weight))
+        if sender == self.me and c not in self.acc:
+            self._own[c] = (values.reshape(-1), float(weight))
+        else:
+            self._acc(c).add_(values.reshape(-1), alpha=float(weight))
         self.weight[c] += float(weight)
         self.arrived[c].add(sender)
         self.delivered[sender] += 1
@@ -116,9 +129,26 @@ class PartReducer:
         await asyncio.wait_for(self.done[c].wait(), timeout=3 * self.stall_timeout + 5)
         if sender in self.excluded and sender != self.me:
             raise PartRejected(f"{sender[:12]} was excluded: {self.excluded[sender]}")
-        a, b = self.chunk_range(c)
+        if sender in self.served[c] or c not in self.acc:
+            raise PartRejected(f"the result of chunk {c} was already handed to {sender[:12]}")
+        result = self.acc[c]
         self.replies[sender] += 1
-        return self.acc[a:b]
+        self.served[c].add(sender)
+        readers = (m for m in self.arrived[c] if m not in self.excluded or m == self.me)
+        if all(m in self.served[c] for m in readers):
+            del self.acc[c]  # everyone who contributed has it: the memory goes with the last reply
+        return result
+
+    def _acc(self, c: int) -> torch.Tensor:
+        found = self.acc.get(c)
+        if found is None:
+            a, b = self.chunk_range(c)
+            found = self.acc[c] = torch.zeros(b - a, dtype=torch.float32)
+            own = self._own.pop(c, None)
+            if own is not None:
+                found.add_(own[0], alpha=own[1])
+            self.peak_held = max(self.peak_held, len(self.acc))
+        return found
 
     # -- finishing and exclusion -----------------------------------------------------------------
 
@@ -128,8 +158,7 @@ class PartReducer:
     def _try_finish(self, c: int) -> None:
         if self.finished[c] or any(m not in self.arrived[c] for m in self._live()):
             return
-        a, b = self.chunk_range(c)
-        part = self.acc[a:b]
+        part = self._acc(c)
         if self.weight[c] > 0:
             part.div_(self.weight[c])
         try:

@@ -123,3 +123,25 @@ async def test_a_peer_joining_mid_round_is_refused_and_changes_nothing(make_peer
         await newcomer.call(
             svcs[0].me, REDUCE, {"round": "nope", "chunk": 0, "weight": 1.0}, [torch.ones(3)], timeout=30
         )
+
+
+async def test_a_finished_round_lets_go_of_its_slice_and_refuses_late_chunks(make_peer: MakePeer) -> None:
+    svcs = await services(make_peer, 2)
+    for s in svcs:
+        s.config.register_wait = 120  # a late chunk must be told at once, not after this wait
+    group = make_group(svcs, [1.0, 1.0], Compression.NONE)
+    vectors = [torch.full((SIZE,), 1.0), torch.full((SIZE,), 5.0)]
+    reports = await asyncio.wait_for(
+        asyncio.gather(*(s.all_reduce(group, v, 1.0) for s, v in zip(svcs, vectors, strict=True))), 60
+    )
+    assert all(r.complete for r in reports)
+    assert all(torch.equal(v, torch.full((SIZE,), 3.0)) for v in vectors)
+    assert not svcs[0]._rounds and not svcs[1]._rounds  # no accumulator outlives its round
+    with pytest.raises(RemoteError, match="unknown_round"):
+        await svcs[1].peer.call(
+            svcs[0].me,
+            REDUCE,
+            {"round": group.round_id, "chunk": 0, "weight": 1.0},
+            [torch.ones(CHUNK)],
+            timeout=30,  # well under register_wait: only an answer at once passes
+        )

@@ -94,3 +94,34 @@ async def test_int8_results_are_what_every_member_decodes() -> None:
 
     assert torch.equal(roundtrip(got.clone(), Compression.INT8), got)
     assert torch.allclose(got, x * 0.25, atol=float(x.abs().max()) / 100)
+
+
+async def test_chunks_are_held_only_until_every_contributor_has_its_result() -> None:
+    r = PartReducer(Group("r", ("me", "a", "b"), (40, 0, 0)), "me", chunk=4, stall_timeout=5)
+    for c in range(10):  # the reducer's own member hands its whole slice over at once: no copy yet
+        r.add("me", c, torch.full((4,), float(c)), 1.0)
+    assert not r.acc
+    for c in range(10):  # the others send in order: one chunk open at a time here
+        for k, m in ((1, "a"), (2, "b")):
+            r.add(m, c, torch.full((4,), float(k + c)), 1.0)
+        got = [await r.result(m, c) for m in ("a", "b", "me")]
+        assert all(torch.equal(g, got[0]) for g in got)
+        assert torch.equal(got[0], torch.full((4,), float(1 + c)))
+        assert c not in r.acc  # handed to all three: dropped
+    assert r.peak_held == 1 and not r.acc and r.complete.is_set()
+    with pytest.raises(PartRejected, match="already handed"):
+        await r.result("a", 0)
+
+
+async def test_a_refused_part_writes_nothing_into_the_chunk() -> None:
+    r = PartReducer(Group("r", ("me", "a", "b", "c", "d"), (10, 0, 0, 0, 0)), "me", chunk=4, stall_timeout=5)
+    r.add("a", 0, torch.full((4,), 4.0), 1.0)
+    before = r.acc[0].clone()
+    bad_parts = {"b": torch.ones(5), "c": torch.ones(3), "d": torch.tensor([1.0, float("inf"), 1.0, 1.0])}
+    for sender, bad in bad_parts.items():
+        with pytest.raises(PartRejected, match=r"expected 4|non-finite"):
+            r.add(sender, 0, bad, 1.0)
+        assert torch.equal(r.acc[0], before)  # an oversized, short or non-finite part left no trace
+    r.add("me", 0, torch.full((4,), 2.0), 1.0)
+    assert torch.equal(await r.result("a", 0), torch.full((4,), 3.0))  # the refused parts never counted
+    assert set(r.excluded) == {"b", "c", "d"}

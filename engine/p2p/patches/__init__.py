@@ -40,7 +40,9 @@ Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this
    no FORWARD TSN pending it only advances the ack point (stock rebuilds a dict per SACK).
 5. aioice ``StunProtocol.datagram_received``: a datagram whose first byte is 20..63 is DTLS
    (RFC 7983 demultiplexing) and goes straight to the connection instead of first failing a STUN
-   parse (an exception per packet). STUN (first byte 0..3) is handled as before.
+   parse (an exception per packet). STUN (first byte 0..3) is handled as before. Also in the ``ice``
+   group (robustness, not speed): consent checks retransmit and expire 30 s after the last answer,
+   so a lagging event loop no longer tears healthy links down (:mod:`.ice`'s docstring).
 
 6. No ``_reset_deferred_streams`` coroutine per DATA chunk when no stream reset waits (it would do
    nothing); ``_handle_data`` dispatches DATA and SACK chunks directly instead of through

@@ -220,6 +220,12 @@ PATCHES: tuple[Patch, ...] = (
         ice.check_start,
     ),
     Patch(
+        "aioice.ice.Connection.query_consent",
+        "fe49173a650a378a4198daa132fe61cbc449974c0011e12db2854dd971367b2e",
+        "ice",
+        ice.query_consent,
+    ),
+    Patch(
         "aioice.ice.relayed_candidate",
         "271e25be8724ce381b2bdfe17c1518f314f3588927b34254f5830f98676dcc25",
         "ice",

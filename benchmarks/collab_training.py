@@ -10,11 +10,13 @@ The digits task (sklearn's bundled 8x8 digits), an MLP, Adam. Three runs in one 
   downloading parameters and optimizer state from the others (``state_download_s``).
 
 Trainers are throttled to a fixed number of samples per second (as if their compute took that long).
-Each epoch's batch lands within half a trainer batch of ``B`` (the optimizer holds back a batch that
-would overshoot); the samples actually averaged per epoch are printed. Like for like, ``acc_single`` is
+Epochs close near ``B`` (the optimizer holds back a batch that would overshoot, and a peer stepping
+closes the epoch for all), but peers decide on views a DHT read old, so some overshoot by a batch or
+two; the samples actually averaged per epoch are printed (``epoch_samples``). Each collaborative step
+scales its learning rate by its samples over ``B`` (``step_scale``). Like for like, ``acc_single`` is
 one trainer with batch ``B`` for as many samples as the collaboration used, and
 ``acc_single_same_batches`` one trainer taking exactly the collaboration's per-epoch batch sizes (same
-steps, same samples, same learning rate). Accuracies are on the held-out split, from trainer 0's model
+steps, same samples, the learning rate unscaled). Accuracies are on the held-out split, from trainer 0's model
 (collab members hold identical models; the check is printed). Each repeat draws another model
 initialisation and other batch orders; medians over repeats, with each repeat's figures.
 
@@ -189,6 +191,8 @@ async def one_repeat(url: str, data: Digits, steps: int, seed: int) -> dict[str,
         "epoch_samples_mean": statistics.mean(batches) if batches else 0.0,
         "epoch_samples_min": min(batches, default=0),
         "epoch_samples_max": max(batches, default=0),
+        "epoch_samples": batches,
+        "churn_epoch_samples": churn["batches"],
         "collab_identical_models": collab["identical"],
         "acc_with_churn": churn["acc"],
         "samples_with_churn": churn["samples"],

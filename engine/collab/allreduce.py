@@ -87,6 +87,13 @@ class AllReduceService:
     def me(self) -> str:
         return self.peer.peer_id
 
+    def member_lost(self, peer_id: str) -> None:
+        """``peer_id``'s link is lost: the slices reduced here stop waiting for it at once (rather
+        than after ``stall_timeout``); what it delivered before stays in."""
+        for reducer in list(self._rounds.values()):
+            if peer_id in reducer.replies and not reducer.complete.is_set():
+                reducer.exclude(peer_id, "its link was lost")
+
     # -- serving ---------------------------------------------------------------------------------
 
     async def _round(self, round_id: str) -> PartReducer | None:

@@ -24,6 +24,7 @@ class Group:
     members: tuple[str, ...]
     parts: tuple[int, ...]
     compression: Compression = Compression.NONE
+    samples: int = 0  # the samples the members bring to the round, all together (0: not told)
 
     def __post_init__(self) -> None:
         if len(self.members) != len(self.parts) or not self.members:
@@ -32,6 +33,8 @@ class Group:
             raise MatchmakingFailed("group members must be distinct and at most 64")
         if any(p < 0 for p in self.parts):
             raise MatchmakingFailed("part sizes must be >= 0")
+        if not 0 <= self.samples < 2**53:
+            raise MatchmakingFailed("a group's samples must be in [0, 2**53)")
 
     @property
     def vector_size(self) -> int:
@@ -55,7 +58,7 @@ class Group:
         order = sorted((i for i, p in enumerate(self.parts) if p > 0), key=lambda i: (parts[i] - ideal[i], i))
         for j in range(size - sum(parts)):
             parts[order[j % len(order)]] += 1
-        return Group(round_id, self.members, tuple(parts), compression)
+        return Group(round_id, self.members, tuple(parts), compression, self.samples)
 
 
 class GroupWire(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -63,11 +66,14 @@ class GroupWire(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fie
     members: list[str]
     parts: list[int]
     compression: int
+    samples: int = 0
 
 
 def encode_group(group: Group) -> bytes:
     return msgspec.msgpack.encode(
-        GroupWire(group.round_id, list(group.members), list(group.parts), int(group.compression))
+        GroupWire(
+            group.round_id, list(group.members), list(group.parts), int(group.compression), group.samples
+        )
     )
 
 
@@ -76,6 +82,6 @@ def decode_group(raw: object) -> Group:
         raise MatchmakingFailed("a group travels as bytes")
     try:
         w = msgspec.msgpack.decode(raw, type=GroupWire)
-        return Group(w.round_id, tuple(w.members), tuple(w.parts), Compression(w.compression))
+        return Group(w.round_id, tuple(w.members), tuple(w.parts), Compression(w.compression), w.samples)
     except (msgspec.DecodeError, ValueError) as e:
         raise MatchmakingFailed(f"undecodable group: {e}") from e

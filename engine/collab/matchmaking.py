@@ -12,7 +12,11 @@
 
 Wire::
 
-    collab.join  {"run", "epoch", "bandwidth", "client", "size"}  ->  {"group": bytes} | {"redirect": id}
+    collab.join  {"run", "epoch", "bandwidth", "client", "size", "samples"}
+                 ->  {"group": bytes} | {"redirect": id}
+
+``samples`` (optional, default 0): what the joiner brings to the round; the group carries their sum, so
+every member scales its step by the same epoch size.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -63,7 +67,8 @@ class _Lead:
     bandwidth: float
     client: bool
     expected: frozenset[str] = frozenset()
-    joiners: dict[str, tuple[float, bool]] = field(default_factory=dict)
+    joiners: dict[str, tuple[float, bool, int]] = field(default_factory=dict)
+    samples: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     result: asyncio.Future[Group | str] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
@@ -86,20 +91,36 @@ class Matchmaker:
         self.config = config or MatchmakingConfig()
         self._leads: dict[int, _Lead] = {}
         self._started = asyncio.Event()
+        # Peers known gone (link lost, a call failed): never taken as leader nor waited for. The
+        # owner (the optimizer) decides what "gone" means; ``unreachable`` tells it of a failed leader.
+        self.is_gone: Callable[[str], bool] = lambda _peer: False
+        self.unreachable: Callable[[str], None] = lambda _peer: None
         peer.handlers.add_unary(JOIN, self._serve_join)
 
     @property
     def me(self) -> str:
         return self.peer.peer_id
 
+    def lost(self, peer_id: str) -> None:
+        """``peer_id`` is gone: a leader waiting for it stops waiting now."""
+        for lead in self._leads.values():
+            if peer_id in lead.expected and not lead.frozen:
+                lead.changed.set()
+
     async def form_group(
-        self, epoch: int, size: int, bandwidth: float, client: bool = False, expected: Iterable[str] = ()
+        self,
+        epoch: int,
+        size: int,
+        bandwidth: float,
+        client: bool = False,
+        expected: Iterable[str] = (),
+        samples: int = 0,
     ) -> Group:
         """Form epoch ``epoch``'s group; MatchmakingFailed if this peer could not get into one.
 
         ``expected``: the peers we believe are in this epoch too; as leader we wait for them to join
         (up to ``max_wait_s``) rather than leave anyone who is only a little late behind."""
-        lead = _Lead(epoch, size, bandwidth, client, expected=frozenset(expected))
+        lead = _Lead(epoch, size, bandwidth, client, expected=frozenset(expected), samples=samples)
         self._leads[epoch] = lead
         self._started.set()
         self._started = asyncio.Event()
@@ -116,7 +137,7 @@ class Matchmaker:
         candidates = {self.me}
         try:
             got = await self.dht.get(key)
-            candidates.update(owner for owner, _ in got.records)
+            candidates.update(owner for owner, _ in got.records if not self.is_gone(owner))
         except DHTError as e:
             logger.warning("matchmaking epoch %d: reading declarations failed: %s", epoch, e)
         return candidates
@@ -138,7 +159,7 @@ class Matchmaker:
                 lead.result.set_result(leader)  # our own joiners go there too
                 return await self._join(leader, lead)
             now = time.monotonic()
-            waiting_for = lead.expected - set(lead.joiners) - {self.me}
+            waiting_for = {p for p in lead.expected - set(lead.joiners) - {self.me} if not self.is_gone(p)}
             if now >= deadline or (not waiting_for and now >= earliest_freeze):
                 if waiting_for:
                     logger.info(
@@ -154,15 +175,16 @@ class Matchmaker:
 
     def _freeze(self, lead: _Lead) -> Group:
         members = [self.me, *sorted(lead.joiners)]
-        info = [(lead.bandwidth, lead.client), *(lead.joiners[m] for m in members[1:])]
-        bandwidths = [0.0 if client else max(bw, 1e-9) for bw, client in info]
+        info = [(lead.bandwidth, lead.client, lead.samples), *(lead.joiners[m] for m in members[1:])]
+        bandwidths = [0.0 if client else max(bw, 1e-9) for bw, client, _ in info]
+        samples = min(sum(n for _, _, n in info), 2**53 - 1)
         if not any(bandwidths):
             bandwidths[0] = 1.0  # somebody must reduce: the leader does
         parts = balance_parts(lead.size, bandwidths)
         round_id = f"{self.run}/{lead.epoch}/{self.me[:16]}"
         if len(members) > 1:
             logger.info("round %s: group of %d, parts %s", round_id, len(members), parts)
-        return Group(round_id, tuple(members), parts, self.config.compression)
+        return Group(round_id, tuple(members), parts, self.config.compression, samples)
 
     async def _join(self, leader: str, lead: _Lead) -> Group:
         fields = {
@@ -171,6 +193,7 @@ class Matchmaker:
             "bandwidth": float(lead.bandwidth),
             "client": lead.client,
             "size": lead.size,
+            "samples": lead.samples,
         }
         for _ in range(MAX_REDIRECTS + 1):
             try:
@@ -180,6 +203,7 @@ class Matchmaker:
                     raise GroupClosed(f"epoch {lead.epoch}: leader {leader[:12]} formed its group") from e
                 raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} refused: {e}") from e
             except (P2PError, TimeoutError) as e:
+                self.unreachable(leader)
                 raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} failed: {e}") from e
             redirect = reply.fields.get("redirect")
             if isinstance(redirect, str) and redirect != self.me:
@@ -194,6 +218,7 @@ class Matchmaker:
     async def _serve_join(self, msg: Message, ctx: CallContext) -> Message:
         f = msg.fields
         epoch, size, bandwidth, client = f.get("epoch"), f.get("size"), f.get("bandwidth"), f.get("client")
+        samples = f.get("samples", 0)
         if (
             f.get("run") != self.run
             or not isinstance(epoch, int)
@@ -202,8 +227,11 @@ class Matchmaker:
             or not math.isfinite(bandwidth)
             or bandwidth < 0
             or not isinstance(client, bool)
+            or not isinstance(samples, int)
+            or isinstance(samples, bool)
+            or not 0 <= samples < 2**53
         ):
-            raise RemoteError("bad_request", "collab.join takes run, epoch, bandwidth, client, size")
+            raise RemoteError("bad_request", "collab.join takes run, epoch, bandwidth, client, size, samples")
         lead = await self._lead_for(epoch)
         if lead is None:
             raise RemoteError("not_matching", f"not matchmaking for epoch {epoch}")
@@ -216,7 +244,7 @@ class Matchmaker:
             raise RemoteError("bad_request", f"vector of {size} elements, the group averages {lead.size}")
         if len(lead.joiners) + 1 >= MAX_GROUP_SIZE:
             raise RemoteError("closed", "group is full")
-        lead.joiners[ctx.peer_id] = (float(bandwidth), client)
+        lead.joiners[ctx.peer_id] = (float(bandwidth), client, samples)
         lead.changed.set()
         try:
             outcome = await asyncio.wait_for(asyncio.shield(lead.result), self.config.join_timeout)

@@ -21,10 +21,11 @@ collaboration ahead of it downloads the state instead of stepping.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -57,6 +58,34 @@ def relayed_links(peer: Peer) -> list[str]:
     ]
 
 
+def step_scale(samples: int, target: int, low: float = 0.5, high: float = 2.0) -> float:
+    """How much larger than planned this step is: the samples the step averaged over the target batch
+    size, bounded. The learning rate is scaled by it (the linear scaling rule), so that an epoch that
+    overshot the target by a few batches moves the parameters as far as the extra samples would have
+    in a step of their own, and training per sample matches training with the target batch. Every
+    member of a round scales by the same group total, so their steps stay identical."""
+    if target <= 0 or samples <= 0:
+        return 1.0
+    return max(low, min(high, samples / target))
+
+
+@contextlib.contextmanager
+def scaled_learning_rate(optimizer: torch.optim.Optimizer, scale: float) -> Iterator[None]:
+    """The optimizer's learning rates times ``scale`` for one step, restored after it (exactly: the
+    original values are put back, not divided back)."""
+    saved = [group.get("lr") for group in optimizer.param_groups]
+    try:
+        if scale != 1.0:
+            for group, lr in zip(optimizer.param_groups, saved, strict=True):
+                if isinstance(lr, float | int):
+                    group["lr"] = lr * scale
+        yield
+    finally:
+        for group, lr in zip(optimizer.param_groups, saved, strict=True):
+            if lr is not None:
+                group["lr"] = lr
+
+
 def holds_back(samples: float, batch: int, target: int) -> bool:
     """Whether a batch of ``batch`` samples goes to the next epoch rather than this one, when the
     collaboration has ``samples`` towards ``target`` without it: when adding it would overshoot the
@@ -76,6 +105,7 @@ class CollabConfig:
     refresh_period_s: float = 0.5
     serve_state: bool = True
     average_state_every: int = 10  # epochs between parameter + optimizer state averaging; 0: never
+    scale_by_samples: bool = True  # scale each step's learning rate by its samples / target (step_scale)
     allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
     matchmaking: MatchmakingConfig = field(default_factory=MatchmakingConfig)
 
@@ -126,6 +156,19 @@ class CollaborativeOptimizer:
         self._blocked_s = 0.0  # since then, seconds spent matching, averaging and taking state
         self._diverged_at: float | None = None  # when we last stepped without the others
         self._behind_since: float | None = None  # when we first saw the others an epoch ahead
+        self.matchmaker.is_gone = lambda peer_id: peer_id in self.tracker.view.gone
+        self.matchmaker.unreachable = self.peer_gone
+        peer.link_lost.append(self.peer_gone)
+
+    def peer_gone(self, peer_id: str) -> None:
+        """A peer's link was lost or a call to it failed: stop counting its progress, waiting for it in
+        matchmaking and for its parts in a round now, not when its records expire or a round stalls."""
+        if peer_id == self.peer.peer_id or peer_id in self.tracker.view.gone:
+            return
+        logger.info("peer %s is gone: dropped from progress, matchmaking and rounds", peer_id[:12])
+        self.tracker.mark_gone(peer_id)
+        self.matchmaker.lost(peer_id)
+        self.service.member_lost(peer_id)
 
     # -- joining ---------------------------------------------------------------------------------
 
@@ -206,9 +249,20 @@ class CollaborativeOptimizer:
         self._last_call, self._blocked_s = now, 0.0
         return await self._step(batch_size)
 
+    def step_scale(self, samples: int) -> float:
+        return step_scale(samples, self.config.target_batch_size) if self.config.scale_by_samples else 1.0
+
+    def near_target(self, progress: CollabProgress, batch_size: int) -> bool:
+        """Whether the target may be reached before our next periodic publish: from then on we publish
+        (and read) after every batch, so that whoever decides to step sees our count as it is."""
+        rate = progress.samples_per_second + self.tracker.local.samples_per_second
+        ahead = rate * 2 * max(self.config.publish_period_s, self.config.refresh_period_s)
+        return progress.ready or progress.samples + batch_size + ahead >= progress.target
+
     async def _step(self, batch_size: int) -> StepReport | None:
         now = time.monotonic()
-        refreshed = now - self._last_refresh >= self.config.refresh_period_s
+        near = self.near_target(self.tracker.progress(), batch_size)
+        refreshed = near or now - self._last_refresh >= self.config.refresh_period_s
         if refreshed:
             self._last_refresh = now
             self._sync_tracker()
@@ -222,9 +276,9 @@ class CollaborativeOptimizer:
             return None
         if self._diverged_at is not None and now - self._diverged_at > self.config.matchmaking.gather_s * 3:
             await self._blocking(self._resync())
-        if holds_back(progress.samples, batch_size, progress.target):
-            # The collaboration has its batch without this one (or is closer to it): step first, and
-            # let this batch count towards the next epoch.
+        if progress.due or holds_back(progress.samples, batch_size, progress.target):
+            # The collaboration has its batch without this one (or is closer to it), or a peer has
+            # already stopped to step: step first, and let this batch count towards the next epoch.
             held: list[torch.Tensor | None] = [p.grad for p in self.params]
             for p in self.params:
                 p.grad = None
@@ -234,7 +288,8 @@ class CollaborativeOptimizer:
             return report
         self.accumulate(batch_size)
         self._sync_tracker()
-        if now - self._last_publish >= self.config.publish_period_s:
+        near = self.near_target(self.tracker.progress(), batch_size)
+        if near or now - self._last_publish >= self.config.publish_period_s:
             self._last_publish = now
             await self.tracker.publish()
         if self.tracker.progress().ready:
@@ -295,13 +350,17 @@ class CollaborativeOptimizer:
         rate = self.tracker.local.samples_per_second
         self.tracker.local.samples_per_second = 0.0
         self.tracker.local.samples = samples
+        self.tracker.local.due = True  # and that the epoch is closed: the others stop and join us
         await self.tracker.publish()
         self.tracker.local.samples_per_second = rate
+        self.tracker.local.due = False
         if samples > 0:
             self.grad.div_(samples)
         group = None
         try:
-            group = await self.matchmaker.form_group(epoch, self.size, bandwidth, client, self._peers_here())
+            group = await self.matchmaker.form_group(
+                epoch, self.size, bandwidth, client, self._peers_here(), samples=samples
+            )
         except GroupClosed as e:
             # The others are stepping without us: keep our gradients for the next epoch and take
             # their state once they publish it (step() sees their epoch ahead of ours).
@@ -334,7 +393,9 @@ class CollaborativeOptimizer:
             n = p.numel()
             p.grad = self.grad[offset : offset + n].view_as(p).clone()
             offset += n
-        self.optimizer.step()
+        in_step = group.samples if group is not None and alone is None and group.samples else samples
+        with scaled_learning_rate(self.optimizer, self.step_scale(in_step)):
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         state_round = None
         every = self.config.average_state_every

@@ -56,6 +56,7 @@ class LocalProgress(msgspec.Struct, frozen=True, array_like=True, forbid_unknown
     time: float  # the writer's clock, for clock_offset only
     seq: int  # strictly increasing per writer (across restarts: start it from the clock)
     client: bool = False
+    due: bool = False  # the writer has stopped accumulating this epoch and is matching for the step
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -103,6 +104,11 @@ class ProgressView:
     peers: dict[str, Seen] = field(default_factory=dict)
     replays: int = 0
     rejected: int = 0
+    # Owners known gone (their link lost, an RPC to them failed), with when we learnt it: not counted
+    # until a record of theirs we had not seen arrives ``revive_after_s`` later (one written before
+    # they went may still be on its way through the DHT), rather than for ``stale_after_s``.
+    gone: dict[str, float] = field(default_factory=dict)
+    revive_after_s: float = 2.0
 
     def update(
         self, records: Iterable[Record], now: float, wall: float = math.nan, seen_at: float | None = None
@@ -122,9 +128,15 @@ class ProgressView:
             held = self.peers.get(record.owner)
             same_epoch = held is not None and held.progress.epoch == p.epoch
             at = min(seen_at, now) if seen_at is not None and same_epoch else now
-            self.offer(record.owner, p, at, wall)
+            self.offer(record.owner, p, at, wall, received=now)
 
-    def offer(self, owner: str, p: LocalProgress, now: float, wall: float = math.nan) -> bool:
+    def mark_gone(self, owner: str, now: float) -> None:
+        self.gone[owner] = now
+
+    def offer(
+        self, owner: str, p: LocalProgress, now: float, wall: float = math.nan, received: float | None = None
+    ) -> bool:
+        """``received``: when it actually arrived (default ``now``), for reviving an owner gone."""
         held = self.peers.get(owner)
         if held is not None:
             if p.seq < held.progress.seq:
@@ -135,14 +147,23 @@ class ProgressView:
                     self.rejected += 1
                 return False
         self.peers[owner] = Seen(p, now, wall)
+        went = self.gone.get(owner)
+        if went is not None and (now if received is None else received) - went >= self.revive_after_s:
+            del self.gone[owner]
         return True
 
     def active(self, now: float) -> dict[str, Seen]:
-        return {o: s for o, s in self.peers.items() if now - s.first_seen <= self.stale_after_s}
+        return {
+            o: s
+            for o, s in self.peers.items()
+            if now - s.first_seen <= self.stale_after_s and o not in self.gone
+        }
 
     def forget_stale(self, now: float) -> None:
         for owner in [o for o, s in self.peers.items() if now - s.first_seen > 4 * self.stale_after_s]:
             del self.peers[owner]
+        for owner in [o for o, went in self.gone.items() if now - went > 4 * self.stale_after_s]:
+            del self.gone[owner]
 
 
 @dataclass(frozen=True)
@@ -153,10 +174,13 @@ class CollabProgress:
     samples_per_second: float  # of the peers in that epoch
     peers: int  # active peers in that epoch
     eta_s: float  # seconds until samples reaches target at the current rate (0 when ready; inf if idle)
+    due: int = 0  # peers in that epoch that stopped accumulating to step: the epoch is closed
 
     @property
     def ready(self) -> bool:
-        return self.samples >= self.target
+        """Time to step: the target is reached, or a peer has already stopped to step (whoever goes on
+        accumulating only adds samples that the others will not wait for)."""
+        return self.samples >= self.target or self.due > 0
 
 
 def derive_progress(
@@ -184,7 +208,8 @@ def derive_progress(
         eta = (target - samples) / rate
     else:
         eta = math.inf
-    return CollabProgress(epoch, samples, target, rate, len(current), eta)
+    due = sum(1 for s in current if s.progress.due)
+    return CollabProgress(epoch, samples, target, rate, len(current), eta, due)
 
 
 def clock_offset(peers: Mapping[str, Seen], me: str) -> float:

@@ -37,6 +37,7 @@ class LocalCounters:
     samples: int = 0
     samples_per_second: float = 0.0
     client: bool = False
+    due: bool = False  # stopped accumulating, matching for the step
 
 
 class ProgressTracker:
@@ -70,6 +71,11 @@ class ProgressTracker:
     def me(self) -> str:
         return self.dht.peer_id
 
+    def mark_gone(self, peer_id: str) -> None:
+        """``peer_id`` is gone (its link was lost, or a call to it failed): stop counting it now."""
+        if peer_id != self.me:
+            self.view.mark_gone(peer_id, self.local_clock())
+
     def offset(self) -> float:
         return max(0.0, clock_offset(self.view.active(self.local_clock()), self.me))
 
@@ -77,7 +83,14 @@ class ProgressTracker:
         self._seq = max(self._seq + 1, int(self.clock() * 1e6))
         c = self.local
         return LocalProgress(
-            self.run, c.epoch, c.samples, float(c.samples_per_second), self.clock(), self._seq, c.client
+            self.run,
+            c.epoch,
+            c.samples,
+            float(c.samples_per_second),
+            self.clock(),
+            self._seq,
+            c.client,
+            c.due,
         )
 
     async def publish(self) -> bool:
@@ -118,6 +131,7 @@ class ProgressTracker:
         peers = dict(self.view.active(now))
         # our own counters are fresher than our last published record
         peers.pop(self.me, None)
-        mine = LocalProgress(self.run, self.local.epoch, self.local.samples, 0.0, 0.0, 0, self.local.client)
+        c = self.local
+        mine = LocalProgress(self.run, c.epoch, c.samples, 0.0, 0.0, 0, c.client, due=c.due)
         peers[self.me] = Seen(mine, now)
         return derive_progress(peers, now, self.target)

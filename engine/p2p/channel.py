@@ -143,6 +143,11 @@ class FramedChannel:
                 if self.upload is not None and not self.upload.try_acquire(len(frame)):
                     await self.upload.acquire(len(frame))
                 self._raise_if_failed()
+                if self.channel.readyState != "open":
+                    # closed under us before its close event reached fail(): a lost connection, not
+                    # aiortc's InvalidStateError escaping to whoever called (it is no P2PError)
+                    self.fail(ConnectionLost("data channel closed"))
+                    self._raise_if_failed()
                 self.credit -= payload
                 self.channel.send(frame)
                 started = True

@@ -98,6 +98,7 @@ class Link:
         self.last_used = self.created_at
         self._on_closed = on_closed
         self._closing = False
+        self.closed_here = False  # closed by this side (idle, evicted, stopping), not lost
         self._closer: asyncio.Future[None] | None = None
         self.close_timeout = config.close_timeout
         max_frame = (
@@ -171,6 +172,8 @@ class Link:
 
     async def close(self) -> None:
         """Close within ``close_timeout`` (plus a moment), whatever the remote does."""
+        if not self._closing:
+            self.closed_here = True
         self.rpc.close()
         self._schedule_close()
         if self._closer is not None:

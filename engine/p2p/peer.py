@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -74,6 +74,9 @@ class Peer:
         self._reaper: asyncio.Task[None] | None = None
         self.rejected_offers = 0
         self.admission = InboundAdmission(per_peer=max_inbound_per_peer, total=max_inbound)
+        # called with the remote's id when a link in the pool fails or the remote closes it (not
+        # when this side closes it): the remote is likely gone, and whoever waits on it need not
+        self.link_lost: list[Callable[[str], None]] = []
 
     @property
     def offer_stats(self) -> OfferStats:
@@ -275,6 +278,12 @@ class Peer:
     def _forget(self, link: Link) -> None:
         if self.links.get(link.remote_id) is link:
             del self.links[link.remote_id]
+            if not link.closed_here:
+                for listener in list(self.link_lost):
+                    try:
+                        listener(link.remote_id)
+                    except Exception:
+                        logger.exception("a link_lost listener failed")
 
     async def _reap_idle(self) -> None:
         while True:

@@ -234,10 +234,11 @@ async def test_matchmaking_forms_one_group_and_refuses_a_latecomer(make_peer: Ma
     mms = [Matchmaker(peer_of(n), n, "run", config) for n in nodes]
     on_time, late = mms[:3], mms[3]  # the latecomer has the largest id, so it cannot be the leader
     groups = await asyncio.gather(
-        *(m.form_group(1, 1000, 1e6, client=(i == 2)) for i, m in enumerate(on_time))
+        *(m.form_group(1, 1000, 1e6, client=(i == 2), samples=10 * (i + 1)) for i, m in enumerate(on_time))
     )
     assert all(g == groups[0] for g in groups)  # every member got the very same group from the leader
     group = groups[0]
+    assert group.samples == 10 + 20 + 30  # the epoch's size, told to every member alike
     assert set(group.members) == {n.peer_id for n in nodes[:3]} and group.members[0] == nodes[0].peer_id
     assert group.parts[group.index(nodes[2].peer_id)] == 0  # the client reduces nothing
     assert sum(group.parts) == 1000 and all(group.parts[group.index(n.peer_id)] > 0 for n in nodes[:2])
@@ -331,3 +332,32 @@ def test_a_resized_group_keeps_members_and_shares() -> None:
     assert sum(state.parts) == 2003 and state.parts[1] == 0
     assert abs(state.parts[0] / 2003 - 500 / 800) < 1e-3
     assert group.resized(2003, "r/state", Compression.NONE) == state  # every member derives the same
+
+
+async def test_a_killed_trainer_is_dropped_at_once_and_costs_no_round(make_peer: MakePeer) -> None:
+    nodes = await dht_swarm(make_peer, 3)
+    # A leader waits up to max_wait_s for every peer it expects; with a dead peer still expected (its
+    # progress record lives on for stale_after_s) the next step would wait that long, past the deadline.
+    opts = [collab(n, tiny_model(), target=48) for n in nodes]
+    for o in opts:
+        o.matchmaker.config.max_wait_s = 90
+    for o in opts:
+        await o.join()
+    await asyncio.gather(*(train_until(o, 1, seed=i) for i, o in enumerate(opts)))
+    victim = min(opts, key=lambda o: o.peer.peer_id)  # the would-be leader of every group
+    survivors = [o for o in opts if o is not victim]
+    await victim.peer.stop()  # killed: no goodbye beyond its links closing
+    async with asyncio.timeout(20):
+        while any(victim.peer.peer_id not in o.tracker.view.gone for o in survivors):
+            await asyncio.sleep(0.1)
+    for o in survivors:  # its last progress record is still live in the DHT, but no longer counted
+        assert victim.peer.peer_id not in o.tracker.view.active(time.monotonic())
+    start = max(o.epoch for o in survivors)
+    await asyncio.gather(
+        *(train_until(o, start + 1, seed=10 + i, deadline_s=45) for i, o in enumerate(survivors))
+    )
+    # the very next step was taken by both survivors together, fully averaged: nobody stepped alone
+    nxt = [next(r for r in o.reports if r.epoch == start + 1) for o in survivors]
+    assert all(r.group_size == 2 and r.round is not None and r.round.complete for r in nxt)
+    for a, b in zip(survivors[0].model.parameters(), survivors[1].model.parameters(), strict=True):
+        assert torch.equal(a, b)

@@ -134,6 +134,22 @@ async def test_idle_links_are_closed(make_peer: MakePeer) -> None:
     assert link.pc.connectionState == "closed"
 
 
+async def test_link_lost_names_a_remote_that_went_but_not_a_link_closed_here(make_peer: MakePeer) -> None:
+    server, other = await make_peer(echo_handlers()), await make_peer(echo_handlers())
+    client = await make_peer()
+    lost: list[str] = []
+    client.link_lost.append(lost.append)
+    await client.call(server.peer_id, "echo", timeout=20)
+    await client.call(other.peer_id, "echo", timeout=20)
+    await client.links[other.peer_id].close()  # closed by this side: nobody is gone
+    await server.stop()  # the remote goes
+    async with asyncio.timeout(20):
+        while not lost:
+            await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert lost == [server.peer_id]
+
+
 async def test_pool_is_bounded(make_peer: MakePeer) -> None:
     servers = [await make_peer(echo_handlers()) for _ in range(3)]
     client = await make_peer(max_links=2)

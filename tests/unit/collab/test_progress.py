@@ -142,3 +142,32 @@ def test_a_later_record_of_an_epoch_is_back_dated_but_an_epochs_first_is_not() -
     assert view.peers[owner.peer_id].first_seen == 12.0
     view.update([record(p(2, 16, 20.0, seq=4))], now=13.0, seen_at=14.0)
     assert view.peers[owner.peer_id].first_seen == 13.0  # never in our future
+
+
+def test_a_due_peer_closes_the_epoch_for_everyone() -> None:
+    peers = {
+        "a": Seen(LocalProgress("run", 2, 24, 0.0, 0.0, 1, due=True), 0.0),
+        "b": Seen(LocalProgress("run", 2, 16, 0.0, 0.0, 1), 0.0),
+        "old": Seen(LocalProgress("run", 1, 50, 0.0, 0.0, 1, due=True), 0.0),  # an earlier epoch's
+    }
+    got = derive_progress(peers, 0.1, 64)
+    assert got.due == 1 and got.samples == 40 and got.ready
+    peers["a"] = Seen(LocalProgress("run", 2, 24, 5.0, 0.0, 2), 0.0)
+    assert not derive_progress(peers, 0.1, 64).ready
+    assert decode_progress(encode_progress(peers["old"].progress), "run").due
+
+
+def test_a_gone_peer_is_not_counted_until_it_shows_life_again() -> None:
+    view = ProgressView("run", stale_after_s=30.0, revive_after_s=2.0)
+    view.offer("a", p(1, 10, seq=1), now=0.0)
+    view.offer("b", p(1, 10, seq=1), now=0.0)
+    view.mark_gone("a", now=1.0)
+    assert set(view.active(1.5)) == {"b"}
+    # a record of its we had not seen, but arriving right after: it may predate its going
+    view.offer("a", p(1, 18, seq=2), now=0.5, received=1.5)
+    assert set(view.active(1.5)) == {"b"}
+    view.offer("a", p(1, 26, seq=3), now=3.5)  # later: it is back
+    assert set(view.active(3.5)) == {"a", "b"}
+    view.mark_gone("b", now=4.0)
+    view.forget_stale(4.0 + 4 * 30.0 + 1)
+    assert not view.gone

@@ -143,11 +143,6 @@ class FramedChannel:
                 if self.upload is not None and not self.upload.try_acquire(len(frame)):
                     await self.upload.acquire(len(frame))
                 self._raise_if_failed()
-                if self.channel.readyState != "open":
-                    # closed under us before its close event reached fail(): a lost connection, not
-                    # aiortc's InvalidStateError escaping to whoever called (it is no P2PError)
-                    self.fail(ConnectionLost("data channel closed"))
-                    self._raise_if_failed()
                 self.credit -= payload
                 self.channel.send(frame)
                 started = True
@@ -171,10 +166,12 @@ class FramedChannel:
             self.aborts_sent += 1
 
     def _raise_if_failed(self) -> None:
+        if self.error is None and self.channel.readyState in ("closing", "closed"):
+            # closed under us before its close event reached fail(): send would raise aiortc's
+            # InvalidStateError (no P2PError) at whoever called; a lost connection, for every sender
+            self.fail(ConnectionLost(f"data channel {self.channel.readyState}"))
         if self.error is not None:
             raise ConnectionLost(f"channel closed: {self.error}") from self.error
-        if self.channel.readyState in ("closing", "closed"):  # before its close event: send would raise
-            raise ConnectionLost(f"channel {self.channel.readyState}")
 
     # -- receiving -------------------------------------------------------------------------------
 

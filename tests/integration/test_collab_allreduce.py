@@ -103,11 +103,17 @@ async def test_a_member_that_leaves_mid_round_is_dropped_by_timeout(make_peer: M
 
 
 async def test_a_peer_joining_mid_round_is_refused_and_changes_nothing(make_peer: MakePeer) -> None:
-    svcs = await services(make_peer, 2)
+    svcs = await services(make_peer, 2, stall=10.0)
     newcomer = await make_peer()
+    await asyncio.wait_for(newcomer.connect(svcs[0].me), 30)  # dialing must not outlast the round
     group = make_group(svcs, [1.0, 1.0], Compression.NONE)
     vectors = [torch.full((SIZE,), 1.0), torch.full((SIZE,), 5.0)]
-    running = asyncio.gather(*(s.all_reduce(group, v, 1.0) for s, v in zip(svcs, vectors, strict=True)))
+    # Only the first member starts, so the round stays open (waiting on the second) while the
+    # newcomer's chunk arrives: the refusal must come from membership, not from a round already over.
+    first = asyncio.ensure_future(svcs[0].all_reduce(group, vectors[0], 1.0))
+    async with asyncio.timeout(10):
+        while group.round_id not in svcs[0]._rounds:
+            await asyncio.sleep(0.01)
     with pytest.raises(RemoteError, match="not a member"):
         await newcomer.call(
             svcs[0].me,
@@ -116,7 +122,8 @@ async def test_a_peer_joining_mid_round_is_refused_and_changes_nothing(make_peer
             [torch.ones(CHUNK)],
             timeout=30,
         )
-    reports = await asyncio.wait_for(running, 60)
+    second = svcs[1].all_reduce(group, vectors[1], 1.0)
+    reports = await asyncio.wait_for(asyncio.gather(first, second), 60)
     assert all(r.complete for r in reports)
     assert torch.equal(vectors[0], torch.full((SIZE,), 3.0))
     with pytest.raises(RemoteError, match=r"unknown_round|no round"):

@@ -75,6 +75,21 @@ def reddish_fraction(shot: Path, area: WindowInfo) -> float:
     return sum(c.red() > 160 and c.green() < 100 and c.blue() < 100 for c in colours) / len(colours)
 
 
+def painted_icon(screen: XScreen, shots: Path) -> tuple[int, int]:
+    """Centre of the docked icon once Qt has painted it: a click that lands between the dock's map
+    and Qt's first paint can be lost while Qt is still taking the embed, so clicks wait for paint."""
+    screen.wait_for_tray_icon(timeout=10)
+    shot = shots / "docked.png"
+
+    def painted() -> tuple[int, int] | None:
+        icons = screen.tray_icons()
+        if icons and reddish_fraction(screen.screenshot(shot), icons[0]) > 0.3:
+            return icons[0].center
+        return None
+
+    return screen.wait_for("the docked icon to be painted", painted, 10)
+
+
 def open_menu(screen: XScreen, icon: tuple[int, int]) -> WindowInfo:
     screen.click(*icon, button=3)
     return screen.wait_for_menu(timeout=5)
@@ -116,7 +131,7 @@ def test_icon_docks_menu_opens_pause_then_quit_by_clicks(xscreen: XScreen, tmp_p
 def test_menu_by_keyboard(xscreen: XScreen, tmp_path: Path) -> None:
     events = tmp_path / "events"
     proc = start_probe(xscreen, events)
-    icon = xscreen.wait_for_tray_icon(timeout=10)
+    icon = painted_icon(xscreen, tmp_path)
     open_menu(xscreen, icon)
     xscreen.key("Down", "Return")  # a menu opened by mouse has no current item; Down selects the first
     wait_for_event(xscreen, proc, events, "Pause")
@@ -130,7 +145,7 @@ def test_menu_by_keyboard(xscreen: XScreen, tmp_path: Path) -> None:
 def test_left_click_is_trigger_and_opens_no_menu(xscreen: XScreen, tmp_path: Path) -> None:
     events = tmp_path / "events"
     proc = start_probe(xscreen, events)
-    icon = xscreen.wait_for_tray_icon(timeout=10)
+    icon = painted_icon(xscreen, tmp_path)
     xscreen.click(*icon, button=1)
     wait_for_event(xscreen, proc, events, "activated Trigger")
     xscreen.double_click(*icon)  # Qt reports the first press as Trigger, then DoubleClick

@@ -60,7 +60,9 @@ async def _recv(ctl: Connection) -> Any:
     return await asyncio.to_thread(ctl.recv)
 
 
-async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_bytes: int) -> None:
+async def _worker_main(
+    index: int, ctl: Connection, url: str, n: int, probe_bytes: int, tuning: dict[str, int]
+) -> None:
     import torch
 
     from engine.collab import AllReduceConfig, AllReduceService
@@ -76,7 +78,7 @@ async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_byte
     peer.handlers.add_unary(PROBE, probe)
     await peer.start()
     service = AllReduceService(
-        peer, AllReduceConfig(chunk=1 << 16, window=4, stall_timeout=60, round_timeout=1800, register_wait=60)
+        peer, AllReduceConfig(stall_timeout=60, round_timeout=1800, register_wait=60, **tuning)
     )
     ctl.send(peer.peer_id)
     ids: list[str] = await _recv(ctl)
@@ -92,9 +94,9 @@ async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_byte
         async with window:
             await peer.call(succ, PROBE, {}, [block], timeout=600)
 
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.process_time()
     await asyncio.gather(*(send_one() for _ in range(calls)))
-    ctl.send(calls * MIB / (time.monotonic() - started))
+    ctl.send((calls * MIB / (time.monotonic() - started), (time.process_time() - cpu) / (calls * MIB / 1e6)))
     baseline = _peak_rss_mib()
     feedback: dict[Compression, ErrorFeedback] = {}
     sample = _sample_indices(n)
@@ -105,12 +107,14 @@ async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_byte
         group = cmd
         vector = _values(index, n)
         fb = feedback.setdefault(group.compression, ErrorFeedback(n, group.compression))
-        t0 = time.monotonic()
+        t0, cpu = time.monotonic(), time.process_time()
         report = await service.all_reduce(group, vector, 1.0, fb)
         seconds = time.monotonic() - t0
+        cpu = time.process_time() - cpu
         ctl.send(
             {
                 "seconds": seconds,
+                "cpu_s": cpu,
                 "complete": report.complete,
                 "sample": vector[sample].tolist(),
                 "peak_rss_mib": _peak_rss_mib(),
@@ -121,7 +125,7 @@ async def _worker_main(index: int, ctl: Connection, url: str, n: int, probe_byte
     await peer.stop()
 
 
-def _worker(index: int, ctl: Connection, url: str, n: int, probe_bytes: int) -> None:
+def _worker(index: int, ctl: Connection, url: str, n: int, probe_bytes: int, tuning: dict[str, int]) -> None:
     import torch
 
     from engine.p2p import eventloop, patches
@@ -129,7 +133,7 @@ def _worker(index: int, ctl: Connection, url: str, n: int, probe_bytes: int) -> 
     torch.set_num_threads(1)  # four peers on few cores: intra-op threads would only spin against each other
     patches.pin_host_addresses(["127.0.0.1"])
     patches.install(strict=True)
-    eventloop.run(_worker_main(index, ctl, url, n, probe_bytes))
+    eventloop.run(_worker_main(index, ctl, url, n, probe_bytes, tuning))
 
 
 def _spread(xs: list[float]) -> str:
@@ -143,15 +147,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="500k parameters, 2 repeats")
     parser.add_argument("--params", type=int, default=None)
     parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--window", type=int, default=None, help="chunk calls in flight per reducer")
+    parser.add_argument("--chunk", type=int, default=None, help="elements per chunk call")
     args = parser.parse_args()
     n = args.params or (500_000 if args.quick else 25_000_000)
     repeats = args.repeats or (2 if args.quick else 3)
     probe_bytes = 4 * MIB if args.quick else 32 * MIB
+    tuning = {k: v for k, v in (("window", args.window), ("chunk", args.chunk)) if v is not None}
 
     import torch
     from hub import signaling_hub_thread  # benchmarks/ is this script's folder, first on sys.path
 
-    from engine.collab import Group, balance_parts, round_time_bound
+    from engine.collab import AllReduceConfig, Group, balance_parts, round_time_bound
     from engine.collab.codec import bytes_per_element
     from engine.wire import Compression
 
@@ -160,7 +167,7 @@ def main() -> None:
     pipes, procs = [], []
     for i in range(PEERS):
         parent, child = ctx.Pipe()
-        proc = ctx.Process(target=_worker, args=(i, child, url, n, probe_bytes), daemon=True)
+        proc = ctx.Process(target=_worker, args=(i, child, url, n, probe_bytes, tuning), daemon=True)
         proc.start()
         pipes.append(parent)
         procs.append(proc)
@@ -171,7 +178,9 @@ def main() -> None:
         assert all(p.recv() == "connected" for p in pipes)
         for p in pipes:
             p.send("probe")
-        bandwidths = [float(p.recv()) for p in pipes]
+        probes = [p.recv() for p in pipes]
+        bandwidths = [float(b) for b, _ in probes]
+        probe_cpu = [float(c) for _, c in probes]  # CPU seconds per MB sent (and as much received)
         parts = balance_parts(n, bandwidths)
         print(
             f"{n:,} float32 parameters among {PEERS} peers; bandwidths (MB/s each way): "
@@ -184,18 +193,26 @@ def main() -> None:
             "params": n,
             "peers": PEERS,
             "bandwidths_MBps": [b / 1e6 for b in bandwidths],
+            "probe_cpu_s_per_MB": statistics.median(probe_cpu),
+            "window": tuning.get("window", AllReduceConfig.window),
+            "chunk": tuning.get("chunk", AllReduceConfig.chunk),
         }
         rss: list[float] = []
         over: list[float] = []
         for comp, name in ((Compression.NONE, "float32"), (Compression.INT8, "int8")):
-            bound = round_time_bound(int(n * bytes_per_element(comp)), parts, bandwidths)
+            bound = round_time_bound(parts, bandwidths, bytes_per_element(comp))
             times: list[float] = []
+            cpu_per_mb: list[float] = []  # CPU seconds per MB a peer sends (and receives) in a round
             for r in range(repeats):
                 group = Group(f"bench/{name}/{r}", tuple(ids), parts, comp)
                 for p in pipes:
                     p.send(group)
                 results = [p.recv() for p in pipes]
                 times.append(max(res["seconds"] for res in results))
+                cpu_per_mb += [
+                    res["cpu_s"] / ((n + (PEERS - 2) * x) * bytes_per_element(comp) / 1e6)
+                    for res, x in zip(results, parts, strict=True)
+                ]
                 assert all(res["complete"] for res in results), "a round did not complete"
                 got = torch.tensor(results[0]["sample"])
                 assert all(res["sample"] == results[0]["sample"] for res in results), "members disagree"
@@ -211,7 +228,12 @@ def main() -> None:
             figures[f"seconds{suffix}_max"] = max(times)
             figures[f"bound_seconds{suffix}"] = bound
             figures[f"ratio{suffix}"] = seconds / bound
-            print(f"{name}: {_spread(times)}; bound {bound:.2f} s; ratio {seconds / bound:.2f}")
+            figures[f"cpu_s_per_MB{suffix}"] = statistics.median(cpu_per_mb)
+            print(
+                f"{name}: {_spread(times)}; bound {bound:.2f} s; ratio {seconds / bound:.2f}; "
+                f"CPU {statistics.median(cpu_per_mb) * 1e3:.0f} ms per MB sent (probe "
+                f"{statistics.median(probe_cpu) * 1e3:.0f})"
+            )
         vector_mib = n * 4 / MIB
         figures["peak_rss_mib"] = rss
         figures["rss_over_baseline_mib"] = over

@@ -68,16 +68,23 @@ def balance_parts(vector_size: int, bandwidths: Sequence[float]) -> tuple[int, .
     return tuple(floors)
 
 
-def round_time_bound(vector_size: int, parts: Sequence[int], bandwidths: Sequence[float]) -> float:
+def round_time_bound(
+    parts: Sequence[int], bandwidths: Sequence[float], bytes_per_element: float = 1.0
+) -> float:
     """Seconds the slowest peer needs to move its traffic at its bandwidth (the LP's objective).
 
-    ``vector_size`` and bandwidths in the same unit (elements, or bytes and bytes per second). A client
-    (bandwidth 0) is rated at the slowest reducer's bandwidth for its own traffic.
+    ``parts`` in elements (they sum to the vector's size); ``bandwidths`` in bytes per second, each
+    element costing ``bytes_per_element`` on the wire (1.0: bandwidths in elements per second). A peer
+    sends ``N + (n - 2) x_i`` elements: its vector but its own part to the reducers, and its part's
+    average to the ``n - 1`` others; it receives as many. A client (bandwidth 0) is rated at the
+    slowest reducer's bandwidth for its own traffic. Taking one unit for both is what keeps a float32
+    bound from counting the vector in bytes and the parts in elements.
     """
     n = len(parts)
+    vector_size = sum(parts)
     slowest = min(b for b in bandwidths if b > 0)
     times = []
     for x, b in zip(parts, bandwidths, strict=True):
-        rate = b if b > 0 else slowest
+        rate = (b if b > 0 else slowest) / bytes_per_element
         times.append((vector_size - x + x * (n - 1)) / rate if n > 1 else 0.0)
     return max(times)

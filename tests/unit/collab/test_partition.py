@@ -17,7 +17,7 @@ def brute_force_best(n_elems: int, bandwidths: list[float]) -> float:
         parts = [0] * len(bandwidths)
         for i, x in zip(reducers, [*split, n_elems - sum(split)], strict=True):
             parts[i] = x
-        best = min(best, round_time_bound(n_elems, parts, bandwidths))
+        best = min(best, round_time_bound(parts, bandwidths))
     return best
 
 
@@ -30,7 +30,7 @@ def test_closed_form_matches_brute_force(bandwidths: list[float]) -> None:
     parts = balance_parts(n, bandwidths)
     assert sum(parts) == n
     assert all(p == 0 for p, b in zip(parts, bandwidths, strict=True) if b == 0)
-    assert round_time_bound(n, parts, bandwidths) <= brute_force_best(n, bandwidths) * 1.001
+    assert round_time_bound(parts, bandwidths) <= brute_force_best(n, bandwidths) * 1.001
 
 
 def test_equal_bandwidths_split_equally_and_slow_peers_reduce_less() -> None:
@@ -58,3 +58,13 @@ def test_bad_input() -> None:
         balance_parts(10, [float("nan"), 1.0])
     with pytest.raises(ValueError, match=">= 0"):
         balance_parts(-1, [1.0])
+
+
+def test_bound_counts_parts_and_vector_in_one_unit() -> None:
+    # 4 equal peers, 1,000 float32 elements at 1,000 bytes/s each: every peer sends its 750 elements
+    # to the reducers and 3 x 250 averaged elements back, 1,500 elements = 6,000 bytes = 6 s.
+    parts = (250, 250, 250, 250)
+    assert round_time_bound(parts, [1000.0] * 4, bytes_per_element=4) == pytest.approx(6.0)
+    assert round_time_bound(parts, [1000.0] * 4) == pytest.approx(1.5)  # bandwidths in elements/s
+    # A client's own traffic is its whole vector out and back, rated at the slowest reducer.
+    assert round_time_bound((0, 500, 500), [0.0, 100.0, 200.0]) == pytest.approx(max(1000 / 100, 1500 / 100))

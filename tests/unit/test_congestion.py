@@ -127,6 +127,7 @@ def test_bbr_holds_its_bound_after_a_full_queues_loss_then_probes_up_slowly() ->
         _round(cc, now, 4e6, 0.08)
         now += 0.05
     assert cc.inflight_hi == cut  # held
+    assert cc.cwnd == pytest.approx(0.85 * cut, abs=1)  # 15% below: room for the other flow to grow
     steps = []
     while now < 10.0 and cc.inflight_hi != float("inf"):
         before = cc.inflight_hi
@@ -156,3 +157,23 @@ def test_controller_state_for_traces() -> None:
     bbr = congestion.BbrLite(MTU)
     assert bbr.state_stats() == {"bbr_state": "startup", "btl_bw": 0, "inflight_hi": None}
     assert set(congestion.Cubic(MTU).state_stats()) == {"w_max"}
+
+
+def test_bbr_cuts_once_for_the_losses_of_one_overfilled_queue() -> None:
+    """The packets a probe sent into a full buffer are reported lost for a round or two after the cut;
+    cutting again for each of those loss windows would take the bound well below the BDP."""
+    cc = congestion.BbrLite(MTU)
+    now = 0.0
+    for _ in range(30):
+        _round(cc, now, 4e6, 0.05)
+        now += 0.05
+    now = _breach(cc, now, srtt=0.08)
+    cut = cc.inflight_hi
+    for _ in range(2):  # a whole loss window of the same episode's losses, within 1.5 SRTT of the cut
+        _round(cc, now, 4e6, 0.08, lost=int(4e6 * 0.05 * 0.1))
+        now += 0.05
+    assert cc.inflight_hi == cut
+    for _ in range(10):  # still losing well after the cut settled: that is a new episode, cut again
+        _round(cc, now, 4e6, 0.08, lost=int(4e6 * 0.05 * 0.1))
+        now += 0.05
+    assert cc.inflight_hi < cut

@@ -12,10 +12,11 @@ Nothing here is visible on the wire: any controller interoperates with every SCT
   lost, or when the smoothed RTT exceeds 3x the min RTT (a bandwidth estimate inflated by a receiver
   that acks in bursts), so it does not flatten a home uplink that a loss-based flow shares. When the
   losses came with a queue standing (SRTT above 1.25 min RTTs: a loss-based flow filled the buffer),
-  the bound is held 3-4 s and then probed up by 1, 2, 4... packets per loss window, as BBRv2's
-  PROBE_UP does; regrowing within a few RTTs took 85% of a shared bottleneck from one TCP CUBIC flow.
-  After random loss on an empty path it regrows at once. (No PROBE_RTT phase: the min RTT simply
-  expires after 10 s.)
+  the bound is held 4-6 s with 15% headroom below it (BBRv2's cruise) and then probed up by 1, 2,
+  4... packets per loss window, as BBRv2's PROBE_UP does; regrowing within a few RTTs took 85% of a
+  shared bottleneck from one TCP CUBIC flow, and a 3-4 s hold without headroom still 0.75. One cut
+  answers one episode: losses reported within 1.5 SRTTs of a cut do not cut again. After random loss
+  on an empty path it regrows at once. (No PROBE_RTT phase: the min RTT simply expires after 10 s.)
 """
 
 from __future__ import annotations
@@ -151,11 +152,19 @@ class BbrLite:
     # After a cut with a queue standing (a shared bottleneck: a loss-based flow filled it), the bound is
     # held this long (plus up to PROBE_WAIT_JITTER_S, random, so flows do not probe in step) before it
     # probes up by 1, 2, 4... packets per loss window (BBRv2's PROBE_UP): CUBIC's own cycle is seconds,
-    # and regrowing within a few RTTs took 85% of a bottleneck from one TCP CUBIC flow; a 2 s wait
-    # still left it 0.64-0.71 of a 4 MB/s one (benchmarks/wan.py, 4 runs).
-    PROBE_WAIT_S = 3.0
-    PROBE_WAIT_JITTER_S = 1.0
+    # and regrowing within a few RTTs took 85% of a bottleneck from one TCP CUBIC flow; a 3-4 s wait
+    # still left it 0.75 of a 4 MB/s one, 4-6 s with the headroom below 0.54 (benchmarks/wan.py, 3
+    # runs each, idle box). BBRv2 likewise waits up to 63 rounds (Reno's time to regrow) to probe.
+    PROBE_WAIT_S = 4.0
+    PROBE_WAIT_JITTER_S = 2.0
     QUEUE_LOSS_RTT_FACTOR = 1.25  # SRTT above this many min RTTs at a loss: the loss came from a queue
+    # While the bound is held after a queue's loss, in flight stays this far below it (BBRv2's cruise
+    # headroom, 15%): room for the loss-based flow to grow back into before the next probe.
+    HEADROOM = 0.15
+    # A probe that overfilled the buffer loses packets for a round or two after the cut (they were sent
+    # before it): one cut answers them, as BBRv2 cuts once per probe. Cutting again for each loss
+    # window of the same episode took the bound below the BDP (0.7^2 of the peak).
+    CUT_SETTLE_RTTS = 1.5
     PACING_MIN_RTT = 0.005
     LAN_MIN_PACKETS = 128
 
@@ -176,6 +185,7 @@ class BbrLite:
         self.inflight_hi = float("inf")
         self.probe_up_at = 0.0
         self.probe_up_step = 1
+        self.cut_settles_at = 0.0
         self.queue_loss = False
         self._rng = random.Random()
         self.round_lost = 0
@@ -231,7 +241,10 @@ class BbrLite:
                 self.cwnd = min(self.cwnd, int(self.STARTUP_GAIN * bdp) + 4 * self.mtu)
         elif bdp:
             self.cwnd = int(self.CWND_GAIN * bdp) + 4 * self.mtu
-        self.cwnd = max(4 * self.mtu, int(min(self.cwnd, self.inflight_hi)))
+        bound = self.inflight_hi
+        if self.queue_loss and now < self.probe_up_at:
+            bound *= 1 - self.HEADROOM
+        self.cwnd = max(4 * self.mtu, int(min(self.cwnd, bound)))
         if self.min_rtt is not None and self.min_rtt < self.PACING_MIN_RTT and self.state != "startup":
             # Loopback or LAN: the BDP is a few packets, so the window would be host scheduling's
             # ping-pong; a floor keeps sends batched (no home uplink to flatten here).
@@ -244,8 +257,11 @@ class BbrLite:
         self.round_max, self.round_lost, self.round_delivered = 0.0, 0, 0
         if lost + delivered < self.LOSS_WINDOW_PACKETS * self.mtu:
             self.round_lost, self.round_delivered = lost, delivered  # keep counting
+        elif now < self.cut_settles_at:
+            pass  # losses of packets sent before the last cut: that cut already answered them
         elif lost > self.LOSS_THRESH * (lost + delivered) or self._queue_standing():
             self.inflight_hi = max(self.cwnd * self.BETA, 4 * self.mtu)
+            self.cut_settles_at = now + self.CUT_SETTLE_RTTS * (self.srtt or self.min_rtt or 0.0)
             self.probe_up_step = 1
             self.probe_up_at = now
             self.queue_loss = self._queued()

@@ -158,7 +158,7 @@ def main() -> None:
     import torch
     from hub import signaling_hub_thread  # benchmarks/ is this script's folder, first on sys.path
 
-    from engine.collab import AllReduceConfig, Group, balance_parts, round_time_bound
+    from engine.collab import AllReduceConfig, Group, balance_parts, peer_traffic, round_time_bound
     from engine.collab.codec import bytes_per_element
     from engine.wire import Compression
 
@@ -210,8 +210,8 @@ def main() -> None:
                 results = [p.recv() for p in pipes]
                 times.append(max(res["seconds"] for res in results))
                 cpu_per_mb += [
-                    res["cpu_s"] / ((n + (PEERS - 2) * x) * bytes_per_element(comp) / 1e6)
-                    for res, x in zip(results, parts, strict=True)
+                    res["cpu_s"] / (elements * bytes_per_element(comp) / 1e6)
+                    for res, elements in zip(results, peer_traffic(parts), strict=True)
                 ]
                 assert all(res["complete"] for res in results), "a round did not complete"
                 got = torch.tensor(results[0]["sample"])

@@ -29,7 +29,7 @@ from .errors import (
 from .group import Group
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .optimizer import CollabConfig, CollaborativeOptimizer, StepReport
-from .partition import balance_parts, round_time_bound
+from .partition import balance_parts, peer_traffic, round_time_bound
 from .progress import CollabProgress, LocalProgress, ProgressView, derive_progress
 from .state import StateDonor, download_state
 from .tracker import ProgressTracker
@@ -59,5 +59,6 @@ __all__ = [
     "balance_parts",
     "derive_progress",
     "download_state",
+    "peer_traffic",
     "round_time_bound",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["balance_parts", "round_time_bound"]
+__all__ = ["balance_parts", "peer_traffic", "round_time_bound"]
 
 
 def _ideal_parts(vector_size: int, bandwidths: Sequence[float], group_size: int) -> list[float]:
@@ -68,23 +68,26 @@ def balance_parts(vector_size: int, bandwidths: Sequence[float]) -> tuple[int, .
     return tuple(floors)
 
 
+def peer_traffic(parts: Sequence[int]) -> list[int]:
+    """Elements each peer sends in a round (and receives as many): ``N + (n - 2) x_i``, its vector but
+    its own part to the reducers and its part's average to the ``n - 1`` others (a client: ``N``)."""
+    n, vector_size = len(parts), sum(parts)
+    return [vector_size + (n - 2) * x if n > 1 else 0 for x in parts]
+
+
 def round_time_bound(
     parts: Sequence[int], bandwidths: Sequence[float], bytes_per_element: float = 1.0
 ) -> float:
     """Seconds the slowest peer needs to move its traffic at its bandwidth (the LP's objective).
 
     ``parts`` in elements (they sum to the vector's size); ``bandwidths`` in bytes per second, each
-    element costing ``bytes_per_element`` on the wire (1.0: bandwidths in elements per second). A peer
-    sends ``N + (n - 2) x_i`` elements: its vector but its own part to the reducers, and its part's
-    average to the ``n - 1`` others; it receives as many. A client (bandwidth 0) is rated at the
-    slowest reducer's bandwidth for its own traffic. Taking one unit for both is what keeps a float32
-    bound from counting the vector in bytes and the parts in elements.
+    element costing ``bytes_per_element`` on the wire (1.0: bandwidths in elements per second); each
+    peer's traffic is :func:`peer_traffic`. A client (bandwidth 0) is rated at the slowest reducer's
+    bandwidth. Taking one unit for both is what keeps a float32 bound from counting the vector in
+    bytes and the parts in elements.
     """
-    n = len(parts)
-    vector_size = sum(parts)
     slowest = min(b for b in bandwidths if b > 0)
-    times = []
-    for x, b in zip(parts, bandwidths, strict=True):
-        rate = (b if b > 0 else slowest) / bytes_per_element
-        times.append((vector_size - x + x * (n - 1)) / rate if n > 1 else 0.0)
-    return max(times)
+    return max(
+        elements * bytes_per_element / (b if b > 0 else slowest)
+        for elements, b in zip(peer_traffic(parts), bandwidths, strict=True)
+    )

@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test check bench mutation clean installer
+.PHONY: run test check bench mutation clean installer native
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -14,12 +14,17 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# The compiled DTLS record layer (engine/p2p/native/_records.c, against OpenSSL's libcrypto). Optional:
+# where it does not build, setup.py warns and the node runs the Python path (About and --self-test say so).
+native: $(STAMP)
+	$(BIN)/python setup.py --quiet build_ext --inplace
+
 # With a display: the demo swarm plus the tray app as one more volunteer; without one: the swarm alone.
 # Either way the coordinator (and its leaderboard) stays up until Ctrl+C.
-run: $(STAMP)
+run: $(STAMP) native
 	$(BIN)/lah demo $$( [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --app )
 
-test: $(STAMP)
+test: $(STAMP) native
 	bash scripts/services
 	$(BIN)/pip install --quiet -e '.[dev,nat]'
 	# axe-core (pinned in tests/ui_pages/package.json) for the site's accessibility test.
@@ -29,11 +34,11 @@ test: $(STAMP)
 check: $(STAMP)
 	scripts/check
 
-bench: $(STAMP)
+bench: $(STAMP) native
 	$(BIN)/python benchmarks/transport.py --quick --repeat 1
 
 # The Linux bundle, .tar.gz and .deb in dist/ (installers/README.md); installers/ci-check tests them.
-installer: $(STAMP)
+installer: $(STAMP) native
 	$(BIN)/pip install --quiet -e '.[installer]'
 	installers/build-linux
 

@@ -23,12 +23,13 @@ def about_text(site_url: str, status: dict[str, Any] | None) -> str:
     runtime = (status or {}).get("runtime") or {}
     device = (status or {}).get("device") or "not known yet (the engine is not running)"
     build = runtime.get("torch", "not known yet")
+    transport = runtime.get("transport", "not known yet")
     return (
         f"<h3>Learning@home {version()}</h3>"
         "<p>Lend your computer's idle time to train large neural networks together, after the papers "
         "<i>Learning@home</i> (decentralized mixture of experts) and <i>DeDLOC</i> "
         "(collaborative training).</p>"
-        f"<p>Computes on: <b>{device}</b><br>PyTorch: {build}</p>"
+        f"<p>Computes on: <b>{device}</b><br>PyTorch: {build}<br>Data channels: {transport}</p>"
         "<p>Licence: Apache License 2.0</p>"
         f'<p><a href="{site_url}">Project site</a> · <a href="{SOURCE_URL}">Source code</a></p>'
     )

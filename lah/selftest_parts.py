@@ -165,13 +165,14 @@ async def _loopback() -> str:
             reply = await a.call(b.peer_id, "double", {}, [x], timeout=30)
         if not torch.equal(reply.tensors[0], 2 * x):
             raise PartFailed("the tensor came back different")
-        from engine.p2p import patches
+        from engine.p2p import native, patches
 
         fast = [g for g in patches.GROUPS if patches.installed(g)]
         stock = [g for g in patches.GROUPS if not patches.installed(g)]
         return (
             "two peers on 127.0.0.1, a signed WebRTC data channel, 256 KiB tensor there and back"
-            f" (aiortc patches: {', '.join(fast) or 'none'}; stock: {', '.join(stock) or 'none'})"
+            f" (aiortc patches: {', '.join(fast) or 'none'}; stock: {', '.join(stock) or 'none'};"
+            f" records: {native.status()})"
         )
     finally:
         await a.stop()

@@ -17,6 +17,7 @@ import msgspec
 import torch
 
 from engine.node import Volunteer
+from engine.p2p import native
 from engine.resources import (
     DataCapCounter,
     Decision,
@@ -33,9 +34,11 @@ from engine.resources.settings import monthly_data_cap_bytes
 
 from .protocol import ControlError
 
-# Which torch build computes, for the tray's About box and bug reports (CPU or CUDA, and which).
+# Which torch build computes and which record layer the links use, for the tray's About box and bug
+# reports (CPU or CUDA, and which; compiled DTLS records or the Python fallback, and why).
 RUNTIME = {
     "torch": f"{torch.__version__} ({'CUDA ' + torch.version.cuda if torch.version.cuda else 'CPU build'})",
+    "transport": native.status(),
 }
 
 

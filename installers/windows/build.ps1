@@ -14,6 +14,9 @@ $Py = ".venv-win\Scripts\python.exe"
 & $Py -m pip install --quiet --upgrade pip
 & $Py -m pip install --quiet "torch==2.13.0" --index-url "https://download.pytorch.org/whl/$Cuda"
 & $Py -m pip install --quiet -e ".[installer]"
+# The compiled DTLS record layer, against OpenSSL 3 ($env:OPENSSL_DIR, e.g. from vcpkg or Shining Light's
+# installer). Optional: without it the bundle runs the Python path, and --self-test and About say so.
+& $Py setup.py --quiet build_ext --inplace
 
 & $Py installers\render_icons.py assets\icons\app.svg build\icons --ico installers\windows\learning-at-home.ico
 & .venv-win\Scripts\pyinstaller.exe --noconfirm --distpath dist --workpath build\pyinstaller installers\learning-at-home.spec

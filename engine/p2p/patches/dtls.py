@@ -19,6 +19,15 @@ byte for byte the same. The handshake, SRTP and anything before ``CONNECTED`` st
 Relied upon (hashed in :mod:`.registry`): pyOpenSSL's ``Connection`` attributes ``_ssl``, ``_into_ssl``,
 ``_from_ssl`` and its ``_raise_ssl_error``/``_handle_bio_errors``; aioice's ``Connection._queue``,
 ``_nominated`` and ``StunProtocol.send_data``. A hash that differs leaves the whole group stock.
+
+**Compiled records** (:mod:`engine.p2p.native`). Where the compiled record layer loaded and the suite
+is AEAD, application-data records leave OpenSSL once the peer has sent its first one (proof that its
+side of the handshake is done, so no flight will be retransmitted): the keys are derived from the
+session (:mod:`engine.p2p.native.keys`), sequence numbers go on from the highest epoch-1 record this
+side sent (every datagram OpenSSL wrote is read for it) and the replay window from the highest one
+received. Each record is then sealed and sent, or opened, in one C call. Records that are not
+application data of that epoch (an alert, anything odd) still go to OpenSSL, and when OpenSSL wants to
+send a close_notify the compiled layer seals it, since OpenSSL's own sequence numbers are stale.
 """
 
 from __future__ import annotations
@@ -32,6 +41,9 @@ from aiortc import rtcdtlstransport as dtls
 from OpenSSL import SSL
 from OpenSSL._util import ffi as _ffi
 from OpenSSL._util import lib as _lib
+
+from ..native import keys as _keys
+from ..native import records as _native_records
 
 _dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
 _Dtls: Any = dtls.RTCDtlsTransport
@@ -50,9 +62,12 @@ _unpack = _ffi.buffer
 
 
 class _Fast:
-    """What one transport's fast path needs, looked up once: the OpenSSL pointers and a buffer."""
+    """What one transport's fast path needs, looked up once: the OpenSSL pointers and a buffer; once
+    the compiled layer takes the records over, that layer and the UDP pair it sends on."""
 
-    __slots__ = ("buf", "conn", "into", "out", "ssl", "ssl_ptr")
+    __slots__ = (
+        "buf", "conn", "direct", "into", "native", "out", "overhead", "pair", "ssl", "ssl_ptr", "track",
+    )
 
     def __init__(self, transport: Any) -> None:
         ssl = transport._ssl
@@ -62,6 +77,13 @@ class _Fast:
         self.out = ssl._from_ssl
         self.buf = _ffi.new("char[]", _BUFSIZE)
         self.conn = transport.transport._connection
+        self.native: Any = None
+        self.pair: Any = None
+        self.direct = False
+        self.overhead = 0
+        # Sequence numbers were followed from the first flight on (see write_ssl) only if the compiled
+        # layer was there then; a link set up without it stays in OpenSSL.
+        self.track = _native_records() is not None and "_lah_tx_top" in transport.__dict__
 
 
 def _fast(self: Any) -> _Fast | None:
@@ -91,6 +113,17 @@ async def _send_datagram(conn: Any, data: bytes) -> None:
         await protocol.send_data(data, pair.remote_addr)
 
 
+def _top(data: bytes, top: tuple[int, int]) -> tuple[int, int]:
+    """The highest (epoch, sequence number) among ``top`` and the DTLS records in one datagram."""
+    i, n = 0, len(data)
+    while i + 13 <= n:
+        here = ((data[i + 3] << 8) | data[i + 4], int.from_bytes(data[i + 5 : i + 11], "big"))
+        if here > top:
+            top = here
+        i += 13 + ((data[i + 11] << 8) | data[i + 12])
+    return top
+
+
 async def _flush(self: Any, f: _Fast) -> None:
     """``_write_ssl``: send what OpenSSL wrote to the outgoing BIO (one read of up to 1500 bytes)."""
     n = _BIO_read(f.out, f.buf, _BUFSIZE)
@@ -99,23 +132,112 @@ async def _flush(self: Any, f: _Fast) -> None:
             with contextlib.suppress(SSL.Error):
                 f.ssl._handle_bio_errors(f.out, n)
         return
-    await _send_datagram(f.conn, _unpack(f.buf, n)[:])
+    if f.native is not None:
+        await _openssl_wrote_after_handover(self, f)
+        return
+    data = _unpack(f.buf, n)[:]
+    if f.track:
+        self._lah_tx_top = _top(data, self._lah_tx_top)
+    await _send_datagram(f.conn, data)
     self._RTCDtlsTransport__tx_bytes += n
     self._RTCDtlsTransport__tx_packets += 1
 
 
+async def _openssl_wrote_after_handover(self: Any, f: _Fast) -> None:
+    """OpenSSL's records carry stale sequence numbers once the compiled layer seals: the peer would drop
+    them as replays. The only thing OpenSSL has to say then is close_notify (``stop``, or the answer to
+    the peer's): that one is sealed here; anything else is dropped."""
+    while _BIO_read(f.out, f.buf, _BUFSIZE) > 0:  # drain the rest
+        pass
+    if f.ssl.get_shutdown() & SSL.SENT_SHUTDOWN and not self.__dict__.get("_lah_close_sent"):
+        self._lah_close_sent = True
+        with contextlib.suppress(ConnectionError, OSError):
+            await _send_datagram(f.conn, f.native.seal(b"\x01\x00", 21))  # alert: warning, close_notify
+
+
+def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
+    """Move application-data records to the compiled layer (called once the peer's first one opened)."""
+    f.track = False  # one try per link
+    module = _native_records()
+    ssl = f.ssl
+    tx_epoch, tx_seq = self._lah_tx_top
+    rx_top = self.__dict__.get("_lah_rx_top", (0, -1))
+    if module is None or ssl.get_protocol_version_name() != "DTLSv1.2":
+        return
+    if tx_epoch != rx_epoch or tx_epoch < 1:
+        return
+    keys = _keys.derive(
+        ssl.get_cipher_name() or "",
+        ssl.master_key(),
+        ssl.client_random(),
+        ssl.server_random(),
+        self._role == "client",
+    )
+    if keys is None:
+        return
+    rl = module.RecordLayer(
+        keys.cipher,
+        keys.write_key,
+        keys.write_iv,
+        keys.read_key,
+        keys.read_iv,
+        tx_epoch,
+        tx_seq + 1,
+        rx_top[1] if rx_top[0] == rx_epoch else -1,
+    )
+    pair = f.conn._nominated.get(1)
+    if pair is None:
+        return
+    f.direct = False
+    if type(pair.protocol) is _StunProtocol and pair.protocol.transport is not None:
+        sock = pair.protocol.transport.get_extra_info("socket")
+        if sock is not None:
+            rl.set_destination(sock.fileno(), str(pair.remote_addr[0]), int(pair.remote_addr[1]))
+            f.direct = True
+    f.pair = pair
+    f.overhead = 29 if keys.cipher.endswith("GCM") else 21  # header 13 + tag 16 (+ explicit nonce 8)
+    f.native = rl
+
+
 async def write_ssl(self: Any) -> None:
     f = _fast(self)
-    if f is None:
+    if f is not None:
+        await _flush(self, f)
+    elif _native_records() is None:
         await _stock_write_ssl(self)
-        return
-    await _flush(self, f)
+    else:  # stock's, reading each datagram's sequence numbers on the way (see _hand_over)
+        try:
+            data = self._ssl.bio_read(_BUFSIZE)
+        except SSL.Error:
+            data = b""
+        if data:
+            self._lah_tx_top = _top(data, self.__dict__.get("_lah_tx_top", (0, -1)))
+            await self.transport._send(data)
+            self._RTCDtlsTransport__tx_bytes += len(data)
+            self._RTCDtlsTransport__tx_packets += 1
 
 
 async def send_data(self: Any, data: bytes) -> None:
     f = _fast(self)
     if f is None or self._state is not _CONNECTED:  # stock raises ConnectionError when not connected
         await _stock_send_data(self, data)
+        return
+    rl = f.native
+    if rl is not None:
+        pair = f.conn._nominated.get(1)
+        if pair is None:
+            raise ConnectionError("Cannot send data, not connected")
+        if pair is f.pair and f.direct:
+            try:
+                left = rl.seal_send(data)
+            except OSError:  # as the UDP transport would: reported, not raised; the packet is lost
+                left = None
+            if left is not None:  # the socket's buffer was full: the transport queues it
+                pair.protocol.transport.sendto(left, pair.remote_addr)
+        else:
+            await _send_datagram(f.conn, rl.seal(data))
+        self._RTCDtlsTransport__tx_bytes += len(data) + f.overhead
+        self._RTCDtlsTransport__tx_packets += 1
         return
     n = _SSL_write(f.ssl_ptr, data, len(data))
     if n <= 0:
@@ -144,20 +266,27 @@ async def recv_next(self: Any) -> None:
         self._RTCDtlsTransport__rx_bytes += len(data)
         self._RTCDtlsTransport__rx_packets += 1
         first_byte = data[0]
+        plain: bytes | None
         if not 19 < first_byte < 64:
             await _not_dtls(self, data)
         elif f.ssl is not self._ssl:  # replaced while we waited (never in aiortc): the stock calls
             self._lah_fast = None
             await _stock_record(self, data)
             return
+        elif f.native is not None and (plain := f.native.open(data)) is not None:
+            if plain and self._data_receiver:  # b"": a replay or a forgery, dropped (counted there)
+                await self._data_receiver._handle_data(plain)
         else:
+            if f.track:
+                self._lah_rx_top = _top(data, self.__dict__.get("_lah_rx_top", (0, -1)))
             n = _BIO_write(f.into, data, len(data))
             if n <= 0:
                 f.ssl._handle_bio_errors(f.into, n)  # raises, as pyOpenSSL's bio_write does
             n = _SSL_read(f.ssl_ptr, f.buf, _BUFSIZE)
-            plain: bytes | None
             if n > 0:
                 plain = _unpack(f.buf, n)[:]
+                if f.track and first_byte == 23:  # the peer sends data: its handshake is over
+                    _hand_over(self, f, (data[3] << 8) | data[4])
             else:
                 try:
                     f.ssl._raise_ssl_error(f.ssl_ptr, n)

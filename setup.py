@@ -1,0 +1,27 @@
+"""Only the compiled extension; everything else about the package is in pyproject.toml.
+
+``optional=True``: where OpenSSL's headers or a compiler are missing the install goes on with a warning
+and the node runs the Python record path (engine/p2p/native says why, in About and --self-test).
+OPENSSL_DIR points at an OpenSSL 3 tree where it is not in the compiler's default paths (macOS
+Homebrew, Windows).
+"""
+
+import os
+import sys
+
+from setuptools import Extension, setup
+
+openssl = os.environ.get("OPENSSL_DIR")
+setup(
+    ext_modules=[
+        Extension(
+            "engine.p2p.native._records",
+            ["engine/p2p/native/_records.c"],
+            libraries=["libcrypto" if sys.platform == "win32" else "crypto"],
+            include_dirs=[os.path.join(openssl, "include")] if openssl else [],
+            library_dirs=[os.path.join(openssl, "lib")] if openssl else [],
+            extra_compile_args=[] if sys.platform == "win32" else ["-O2", "-Wall"],
+            optional=True,
+        )
+    ]
+)

@@ -192,8 +192,11 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
     if type(pair.protocol) is _StunProtocol and pair.protocol.transport is not None:
         sock = pair.protocol.transport.get_extra_info("socket")
         if sock is not None:
-            rl.set_destination(sock.fileno(), str(pair.remote_addr[0]), int(pair.remote_addr[1]))
-            f.direct = True
+            try:
+                rl.set_destination(sock.fileno(), str(pair.remote_addr[0]), int(pair.remote_addr[1]))
+                f.direct = True
+            except (ValueError, OSError):  # not an address literal: sealed here, sent by the transport
+                pass
     f.pair = pair
     f.overhead = 29 if keys.cipher.endswith("GCM") else 21  # header 13 + tag 16 (+ explicit nonce 8)
     f.native = rl

@@ -1,21 +1,12 @@
-/* DTLS 1.2 application-data records sealed, opened and sent in C.
- *
- * Why: after the handshake every ~1.2 kB SCTP packet of a data channel costs ~17 us of Python in
- * pyOpenSSL's record calls (bio_write, SSL_read, bio_read, buffers, error checks) against well under
- * 1 us of AES-GCM. Here one call seals a record (and sends it with one sendto) or opens one.
- *
- * What stays in OpenSSL: the handshake, the keys' derivation (done in Python from the session, see
- * keys.py), every record that is not application data of this epoch (alerts, handshake), every suite
- * that is not AEAD. The wire format is RFC 6347's DTLS 1.2 record with RFC 5288's AES-GCM (explicit
- * nonce = epoch || sequence number, as OpenSSL writes it) or RFC 7905's ChaCha20-Poly1305, so any
- * DTLS 1.2 stack (a browser, stock aiortc) opens what this seals and the reverse.
- */
+/* DTLS 1.2 application-data records sealed, opened and sent in C: engine.p2p.native._records.
+ * Why, and what stays in OpenSSL: module_doc below (it is also the module's __doc__). */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <structmember.h>
 
 #include <errno.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #ifdef _WIN32
@@ -31,31 +22,46 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 
-#define HEADER 13
+#include "sctp_packet.h"
+
+#define HEADER 13     /* type(1) version(2) epoch(2) seq(6) length(2) */
 #define TAG 16
-#define EXPLICIT 8
+#define EXPLICIT 8    /* AES-GCM's explicit nonce in each record */
 #define MAX_PLAIN 16384
 #define MAX_RECORD (HEADER + EXPLICIT + MAX_PLAIN + TAG)
 #define SEQ_MAX ((((uint64_t)1) << 48) - 1)
 #define WINDOW 64
+#define APPLICATION_DATA 23
+
+static const char module_doc[] =
+    "DTLS 1.2 application-data records sealed, opened and sent in C.\n\n"
+    "After the handshake every ~1.2 kB SCTP packet of a data channel cost ~17 us of Python in\n"
+    "pyOpenSSL's record calls (bio_write, SSL_read, bio_read, buffers, error checks) against well\n"
+    "under 1 us of AEAD work; here sealing or opening a record is one call of about 1 us, and\n"
+    "seal_send also does the sendto. The handshake, the keys (derived in Python from the session,\n"
+    "engine.p2p.native.keys) and every record that is not application data of the current epoch stay\n"
+    "in OpenSSL: open() answers None for those so the caller hands them over. Records are byte-exact\n"
+    "RFC 6347 DTLS 1.2 with RFC 5288 AES-GCM (explicit nonce = epoch || seq, as OpenSSL writes it)\n"
+    "or RFC 7905 ChaCha20-Poly1305, so browsers and stock OpenSSL open them, and the reverse.";
 
 typedef struct {
     PyObject_HEAD
-    EVP_CIPHER_CTX *enc;
+    EVP_CIPHER_CTX *enc;      /* keyed once in __init__; each record sets only its nonce */
     EVP_CIPHER_CTX *dec;
     int gcm;                  /* 1: AES-GCM (explicit nonce in the record), 0: ChaCha20-Poly1305 */
     unsigned char write_iv[12];
     unsigned char read_iv[12];
     uint16_t epoch;
-    uint64_t write_seq;       /* the next to use */
+    uint64_t write_seq;       /* the next to use; SEQ_MAX + 1 once used up */
     int64_t read_top;         /* highest authenticated (or given at start); -1: none */
     uint64_t window;          /* bit i: read_top - i seen */
     PyObject *cipher;
-    int fd;
+    int fd;                   /* not owned: the caller's UDP socket */
     struct sockaddr_storage dest;
-    socklen_t dest_len;
+    socklen_t dest_len;       /* 0: no destination */
     unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short;
-    unsigned char buf[MAX_RECORD];
+    unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
+    unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
 } RecordLayer;
 
 static void put48(unsigned char *p, uint64_t v) {
@@ -68,29 +74,47 @@ static uint64_t get48(const unsigned char *p) {
     return v;
 }
 
-/* The 12-byte AEAD nonce of record (epoch, seq): RFC 5288 (salt || explicit) or RFC 7905 (iv XOR). */
-static void nonce(const RecordLayer *self, const unsigned char *iv, const unsigned char *epoch_seq,
+/* An object made by __new__ alone has no cipher contexts; OpenSSL would crash on them. */
+static int ready(const RecordLayer *self) {
+    if (self->enc && self->dec) return 1;
+    PyErr_SetString(PyExc_RuntimeError, "RecordLayer.__init__ was not called");
+    return 0;
+}
+
+/* The 12-byte AEAD nonce of a record: RFC 5288 (salt || explicit nonce, which is epoch || seq here and
+ * in the record itself) or RFC 7905 (iv XOR (0^4 || epoch || seq)). */
+static void nonce(int gcm, const unsigned char *iv, const unsigned char *explicit_or_epoch_seq,
                   unsigned char out[12]) {
-    if (self->gcm) {
+    if (gcm) {
         memcpy(out, iv, 4);
-        memcpy(out + 4, epoch_seq, 8);
+        memcpy(out + 4, explicit_or_epoch_seq, 8);
     } else {
         memcpy(out, iv, 12);
-        for (int i = 0; i < 8; i++) out[4 + i] ^= epoch_seq[i];
+        for (int i = 0; i < 8; i++) out[4 + i] ^= explicit_or_epoch_seq[i];
     }
 }
 
-/* Seal payload into self->buf; returns the record's length, or -1 with a Python error set. */
+/* RFC 6347 6.2.3.3's additional data: epoch || seq || type || version || plaintext length. */
+static void aad(unsigned char out[13], const unsigned char *epoch_seq, int type, Py_ssize_t len) {
+    memcpy(out, epoch_seq, 8);
+    out[8] = (unsigned char)type;
+    out[9] = 0xfe;
+    out[10] = 0xfd;
+    out[11] = (unsigned char)(len >> 8);
+    out[12] = (unsigned char)len;
+}
+
+/* Seal payload into self->buf; the record's length, or -1 with a Python error set. */
 static Py_ssize_t seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type) {
     if (len > MAX_PLAIN) {
         PyErr_Format(PyExc_ValueError, "a DTLS record holds at most %d bytes, got %zd", MAX_PLAIN, len);
         return -1;
     }
-    if (self->write_seq > SEQ_MAX) {
-        PyErr_SetString(PyExc_OverflowError, "DTLS sequence numbers of this epoch are used up");
+    if (self->write_seq > SEQ_MAX) {  /* never wrap: a repeated (key, nonce) breaks the AEAD */
+        PyErr_SetString(PyExc_OverflowError, "the sequence numbers of this epoch are used up (2**48)");
         return -1;
     }
-    unsigned char *h = self->buf;
+    unsigned char *h = self->buf, ad[13], iv[12];
     Py_ssize_t body = (self->gcm ? EXPLICIT : 0) + len + TAG;
     h[0] = (unsigned char)type;
     h[1] = 0xfe;
@@ -100,14 +124,8 @@ static Py_ssize_t seal_into(RecordLayer *self, const unsigned char *payload, Py_
     put48(h + 5, self->write_seq);
     h[11] = (unsigned char)(body >> 8);
     h[12] = (unsigned char)body;
-    unsigned char aad[13], iv[12];
-    memcpy(aad, h + 3, 8);
-    aad[8] = h[0];
-    aad[9] = 0xfe;
-    aad[10] = 0xfd;
-    aad[11] = (unsigned char)(len >> 8);
-    aad[12] = (unsigned char)len;
-    nonce(self, self->write_iv, h + 3, iv);
+    aad(ad, h + 3, type, len);
+    nonce(self->gcm, self->write_iv, h + 3, iv);
     unsigned char *out = h + HEADER;
     if (self->gcm) {
         memcpy(out, h + 3, EXPLICIT);
@@ -115,7 +133,7 @@ static Py_ssize_t seal_into(RecordLayer *self, const unsigned char *payload, Py_
     }
     int n = 0, m = 0;
     if (EVP_EncryptInit_ex(self->enc, NULL, NULL, NULL, iv) != 1 ||
-        EVP_EncryptUpdate(self->enc, NULL, &n, aad, sizeof aad) != 1 ||
+        EVP_EncryptUpdate(self->enc, NULL, &n, ad, sizeof ad) != 1 ||
         EVP_EncryptUpdate(self->enc, out, &n, payload, (int)len) != 1 ||
         EVP_EncryptFinal_ex(self->enc, out + n, &m) != 1 ||
         EVP_CIPHER_CTX_ctrl(self->enc, EVP_CTRL_AEAD_GET_TAG, TAG, out + len) != 1) {
@@ -127,29 +145,60 @@ static Py_ssize_t seal_into(RecordLayer *self, const unsigned char *payload, Py_
     return HEADER + body;
 }
 
-static PyObject *seal(RecordLayer *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"payload", "content_type", NULL};
+/* seal's and seal_send's (payload, content_type=23), parsed by hand: they run once per packet, and
+ * the generic parser (an argument tuple, a format string) is a visible share of a ~1 us call. */
+static int payload_args(const char *fname, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+                        Py_buffer *payload, int *type) {
+    PyObject *p = nargs > 0 ? args[0] : NULL, *t = nargs > 1 ? args[1] : NULL;
+    if (nargs > 2) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most 2 arguments (%zd given)", fname, nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0, nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), **slot = NULL;
+        if (PyUnicode_CompareWithASCIIString(k, "payload") == 0) slot = &p;
+        else if (PyUnicode_CompareWithASCIIString(k, "content_type") == 0) slot = &t;
+        if (!slot || *slot) {
+            PyErr_Format(PyExc_TypeError, "%s(): unexpected or repeated argument %R", fname, k);
+            return -1;
+        }
+        *slot = args[nargs + i];
+    }
+    if (!p) {
+        PyErr_Format(PyExc_TypeError, "%s(): missing argument 'payload'", fname);
+        return -1;
+    }
+    *type = APPLICATION_DATA;
+    if (t) {
+        long v = PyLong_AsLong(t);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        if (v < 0 || v > 255) {
+            PyErr_Format(PyExc_ValueError, "%s(): content_type must be 0..255, got %ld", fname, v);
+            return -1;
+        }
+        *type = (int)v;
+    }
+    return PyObject_GetBuffer(p, payload, PyBUF_SIMPLE);
+}
+
+static PyObject *seal(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     Py_buffer p;
-    int type = 23;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|i", names, &p, &type)) return NULL;
-    Py_ssize_t n = seal_into(self, p.buf, p.len, type & 0xff);
+    int type;
+    if (!ready(self) || payload_args("seal", args, nargs, kwnames, &p, &type) < 0) return NULL;
+    Py_ssize_t n = seal_into(self, p.buf, p.len, type);
     PyBuffer_Release(&p);
     return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)self->buf, n);
 }
 
-static PyObject *seal_send(RecordLayer *self, PyObject *args, PyObject *kw) {
-    static char *names[] = {"payload", "content_type", NULL};
-    Py_buffer p;
-    int type = 23;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|i", names, &p, &type)) return NULL;
-    if (self->dest_len == 0) {
-        PyBuffer_Release(&p);
-        PyErr_SetString(PyExc_RuntimeError, "no destination: call set_destination first");
-        return NULL;
-    }
-    Py_ssize_t n = seal_into(self, p.buf, p.len, type & 0xff);
-    PyBuffer_Release(&p);
-    if (n < 0) return NULL;
+static int no_destination(RecordLayer *self) {
+    if (self->dest_len) return 0;
+    PyErr_SetString(PyExc_RuntimeError, "no destination: call set_destination first");
+    return 1;
+}
+
+/* Send the record in buf. From here its sequence number is spent whatever sendto says: it must never be
+ * sealed twice. None when sent; the record as bytes when the socket's buffer is full. */
+static PyObject *send_record(RecordLayer *self, Py_ssize_t n) {
 #ifdef _WIN32
     int sent = sendto((SOCKET)self->fd, (const char *)self->buf, (int)n, 0, (struct sockaddr *)&self->dest,
                       self->dest_len);
@@ -173,14 +222,102 @@ static PyObject *seal_send(RecordLayer *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
-/* RFC 6347 4.1.2.6: 0 when seq is new and inside or ahead of the window, 1 when seen or too old. */
+static PyObject *seal_send(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
+    Py_buffer p;
+    int type;
+    if (!ready(self) || payload_args("seal_send", args, nargs, kwnames, &p, &type) < 0) return NULL;
+    if (no_destination(self)) {
+        PyBuffer_Release(&p);
+        return NULL;
+    }
+    Py_ssize_t n = seal_into(self, p.buf, p.len, type);
+    PyBuffer_Release(&p);
+    return n < 0 ? NULL : send_record(self, n);
+}
+
+/* --- SCTP packets built here (sctp_packet.c), sealed and sent in the same call ------------------- */
+
+static int sctp_header_ok(unsigned long long src, unsigned long long dst, unsigned long long vtag) {
+    if (src <= 0xffff && dst <= 0xffff && vtag <= 0xffffffffull) return 1;
+    PyErr_SetString(PyExc_ValueError, "SCTP ports are 16 bits and the verification tag 32");
+    return 0;
+}
+
+/* (src, dst, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data) -> a DATA packet in pkt. */
+static Py_ssize_t data_packet_into(unsigned char *pkt, PyObject *args) {
+    unsigned long long src, dst, vtag, flags, tsn, sid, ssn, ppid;
+    Py_buffer d;
+    if (!PyArg_ParseTuple(args, "KKKKKKKKy*", &src, &dst, &vtag, &flags, &tsn, &sid, &ssn, &ppid, &d)) return -1;
+    Py_ssize_t n = -1;
+    if (!sctp_header_ok(src, dst, vtag)) {
+    } else if (flags > 0xff || tsn > 0xffffffffull || sid > 0xffff || ssn > 0xffff || ppid > 0xffffffffull) {
+        PyErr_SetString(PyExc_ValueError, "DATA fields out of range (flags 8 bits, TSN 32, stream 16, SSN 16, PPID 32)");
+    } else if (d.len > MAX_PLAIN - SCTP_COMMON_HEADER - SCTP_DATA_HEADER - 3) {
+        PyErr_Format(PyExc_ValueError, "a DATA chunk here carries at most %d bytes",
+                     MAX_PLAIN - SCTP_COMMON_HEADER - SCTP_DATA_HEADER - 3);
+    } else {
+        n = (Py_ssize_t)sctp_data_packet(pkt, (unsigned)src, (unsigned)dst, (uint32_t)vtag, (unsigned)flags,
+                                         (uint32_t)tsn, (unsigned)sid, (unsigned)ssn, (uint32_t)ppid, d.buf,
+                                         (size_t)d.len);
+    }
+    PyBuffer_Release(&d);
+    return n;
+}
+
+/* (src, dst, vtag, chunk) -> a packet of that serialized chunk in pkt. */
+static Py_ssize_t packet_into(unsigned char *pkt, PyObject *args) {
+    unsigned long long src, dst, vtag;
+    Py_buffer c;
+    if (!PyArg_ParseTuple(args, "KKKy*", &src, &dst, &vtag, &c)) return -1;
+    Py_ssize_t n = -1;
+    if (!sctp_header_ok(src, dst, vtag)) {
+    } else if (c.len > MAX_PLAIN - SCTP_COMMON_HEADER) {
+        PyErr_Format(PyExc_ValueError, "an SCTP packet here carries at most %d bytes of chunk",
+                     MAX_PLAIN - SCTP_COMMON_HEADER);
+    } else {
+        n = (Py_ssize_t)sctp_packet(pkt, (unsigned)src, (unsigned)dst, (uint32_t)vtag, c.buf, (size_t)c.len);
+    }
+    PyBuffer_Release(&c);
+    return n;
+}
+
+static PyObject *send_built(RecordLayer *self, Py_ssize_t n) {
+    if (n < 0) return NULL;
+    n = seal_into(self, self->pkt, n, APPLICATION_DATA);
+    return n < 0 ? NULL : send_record(self, n);
+}
+
+static PyObject *send_data_chunk(RecordLayer *self, PyObject *args) {
+    if (!ready(self) || no_destination(self)) return NULL;
+    return send_built(self, data_packet_into(self->pkt, args));
+}
+
+static PyObject *send_packet(RecordLayer *self, PyObject *args) {
+    if (!ready(self) || no_destination(self)) return NULL;
+    return send_built(self, packet_into(self->pkt, args));
+}
+
+/* The same packets, unsealed: what the tests hold against aiortc's serialize_packet. */
+static PyObject *data_packet(PyObject *m, PyObject *args) {
+    static unsigned char pkt[MAX_PLAIN];
+    Py_ssize_t n = data_packet_into(pkt, args);
+    return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)pkt, n);
+}
+
+static PyObject *packet(PyObject *m, PyObject *args) {
+    static unsigned char pkt[MAX_PLAIN];
+    Py_ssize_t n = packet_into(pkt, args);
+    return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)pkt, n);
+}
+
+/* RFC 6347 4.1.2.6: 1 when seq was seen or is older than the window, 0 when it may be new. */
 static int replayed(const RecordLayer *self, uint64_t seq) {
     if (self->read_top < 0 || seq > (uint64_t)self->read_top) return 0;
     uint64_t back = (uint64_t)self->read_top - seq;
-    if (back >= WINDOW) return 1;
-    return (int)((self->window >> back) & 1);
+    return back >= WINDOW ? 1 : (int)((self->window >> back) & 1);
 }
 
+/* Called only after authentication, so a forged sequence number cannot slide the window. */
 static void mark(RecordLayer *self, uint64_t seq) {
     if (self->read_top < 0) {
         self->read_top = (int64_t)seq;
@@ -194,105 +331,122 @@ static void mark(RecordLayer *self, uint64_t seq) {
     }
 }
 
-static PyObject *open_record(RecordLayer *self, PyObject *arg) {
-    Py_buffer d;
-    if (PyObject_GetBuffer(arg, &d, PyBUF_SIMPLE) < 0) return NULL;
-    const unsigned char *h = d.buf;
-    Py_ssize_t len = d.len;
-    PyObject *result = NULL;
-    /* Not ours (None): anything but exactly one application-data record of this epoch. */
-    if (len < HEADER || h[0] != 23 || h[1] != 0xfe || h[2] != 0xfd ||
-        (((unsigned)h[3] << 8) | h[4]) != self->epoch || (((Py_ssize_t)h[11] << 8) | h[12]) != len - HEADER) {
-        PyBuffer_Release(&d);
+/* RFC 6347 4.1.2.1: invalid records are dropped silently; b"" tells the caller "mine, nothing to deliver". */
+static PyObject *dropped(unsigned long long *counter) {
+    (*counter)++;
+    return PyBytes_FromStringAndSize(NULL, 0);
+}
+
+/* A new reference: None (OpenSSL's record), b"" (ours, dropped) or the plaintext. Reads only h[0..len). */
+static PyObject *open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize_t len) {
+    if (len < HEADER || h[0] != APPLICATION_DATA || h[1] != 0xfe || h[2] != 0xfd ||
+        (((unsigned)h[3] << 8) | h[4]) != self->epoch || (((Py_ssize_t)h[11] << 8) | h[12]) != len - HEADER)
         Py_RETURN_NONE;
-    }
-    Py_ssize_t body = len - HEADER;
-    Py_ssize_t explicit_len = self->gcm ? EXPLICIT : 0;
-    if (body < explicit_len + TAG) {
-        self->dropped_short++;
-        goto dropped;
-    }
+    Py_ssize_t explicit_len = self->gcm ? EXPLICIT : 0, plain_len = len - HEADER - explicit_len - TAG;
+    if (plain_len < 0) return dropped(&self->dropped_short);
+    /* Longer than any conforming peer seals (RFC 5246 6.2.3, record_overflow): a forgery. */
+    if (plain_len > MAX_PLAIN) return dropped(&self->dropped_auth);
     uint64_t seq = get48(h + 5);
-    if (replayed(self, seq)) {
-        self->dropped_replay++;
-        goto dropped;
-    }
-    Py_ssize_t plain_len = body - explicit_len - TAG;
+    if (replayed(self, seq)) return dropped(&self->dropped_replay);  /* before decrypting: costs no AEAD */
     const unsigned char *ct = h + HEADER + explicit_len;
-    unsigned char aad[13], iv[12];
-    memcpy(aad, h + 3, 8);
-    aad[8] = 23;
-    aad[9] = 0xfe;
-    aad[10] = 0xfd;
-    aad[11] = (unsigned char)(plain_len >> 8);
-    aad[12] = (unsigned char)plain_len;
-    if (self->gcm) {  /* the sender's explicit nonce, whatever it chose (RFC 5288 3) */
-        memcpy(iv, self->read_iv, 4);
-        memcpy(iv + 4, h + HEADER, EXPLICIT);
-    } else {
-        nonce(self, self->read_iv, h + 3, iv);
-    }
+    unsigned char ad[13], iv[12];
+    aad(ad, h + 3, APPLICATION_DATA, plain_len);
+    /* AES-GCM: the sender's explicit nonce, whatever it chose (RFC 5288 3); ChaCha: epoch || seq. */
+    nonce(self->gcm, self->read_iv, self->gcm ? h + HEADER : h + 3, iv);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, plain_len);  /* decrypted in place: no copy */
+    if (!out) return NULL;
+    unsigned char *plain = (unsigned char *)PyBytes_AS_STRING(out);
     int n = 0, m = 0;
     if (EVP_DecryptInit_ex(self->dec, NULL, NULL, NULL, iv) != 1 ||
-        EVP_DecryptUpdate(self->dec, NULL, &n, aad, sizeof aad) != 1 ||
-        EVP_DecryptUpdate(self->dec, self->buf, &n, ct, (int)plain_len) != 1 ||
+        EVP_DecryptUpdate(self->dec, NULL, &n, ad, sizeof ad) != 1 ||
+        EVP_DecryptUpdate(self->dec, plain, &n, ct, (int)plain_len) != 1 ||
         EVP_CIPHER_CTX_ctrl(self->dec, EVP_CTRL_AEAD_SET_TAG, TAG, (void *)(ct + plain_len)) != 1 ||
-        EVP_DecryptFinal_ex(self->dec, self->buf + n, &m) != 1) {
-        self->dropped_auth++;
-        goto dropped;
+        EVP_DecryptFinal_ex(self->dec, plain + n, &m) != 1) {
+        Py_DECREF(out);
+        return dropped(&self->dropped_auth);
     }
     mark(self, seq);
     self->opened++;
-    result = PyBytes_FromStringAndSize((const char *)self->buf, plain_len);
+    return out;
+}
+
+static PyObject *open_record(RecordLayer *self, PyObject *arg) {
+    Py_buffer d;
+    if (!ready(self) || PyObject_GetBuffer(arg, &d, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = open_buffer(self, d.buf, d.len);
     PyBuffer_Release(&d);
     return result;
-dropped:
-    PyBuffer_Release(&d);
-    return PyBytes_FromStringAndSize(NULL, 0);
+}
+
+/* "%3" (numeric, as Windows writes it) or "%eth0". An unknown name is an error rather than no scope:
+ * then the caller sends through its transport, which resolves the name itself. */
+static int scope_id(const char *s, uint32_t *out) {
+    char *end;
+    unsigned long v = strtoul(s, &end, 10);
+    if (s[0] >= '0' && s[0] <= '9' && *end == 0 && v <= UINT32_MAX) {
+        *out = (uint32_t)v;
+        return 0;
+    }
+#ifndef _WIN32
+    *out = (uint32_t)if_nametoindex(s);
+    return *out ? 0 : -1;
+#else
+    return -1;
+#endif
 }
 
 static PyObject *set_destination(RecordLayer *self, PyObject *args) {
     int fd, port;
     const char *host;
-    if (!PyArg_ParseTuple(args, "isi", &fd, &host, &port)) return NULL;
-    if (fd < 0 || port < 0 || port > 65535) {
+    if (!PyArg_ParseTuple(args, "isi:set_destination", &fd, &host, &port)) return NULL;
+    if (fd < 0 || port < 1 || port > 65535) {
         PyErr_Format(PyExc_ValueError, "bad socket or port: fd %d, port %d", fd, port);
         return NULL;
     }
-    char name[INET6_ADDRSTRLEN + 1];
-    const char *scope = strchr(host, '%');
-    size_t n = scope ? (size_t)(scope - host) : strlen(host);
-    if (n >= sizeof name) {
-        PyErr_Format(PyExc_ValueError, "not an IP address: %s", host);
-        return NULL;
-    }
-    memcpy(name, host, n);
-    name[n] = 0;
-    memset(&self->dest, 0, sizeof self->dest);
-    struct sockaddr_in *v4 = (struct sockaddr_in *)&self->dest;
-    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&self->dest;
-    if (!scope && inet_pton(AF_INET, name, &v4->sin_addr) == 1) {
-        v4->sin_family = AF_INET;
-        v4->sin_port = htons((unsigned short)port);
-        self->dest_len = sizeof *v4;
-    } else if (inet_pton(AF_INET6, name, &v6->sin6_addr) == 1) {
-        v6->sin6_family = AF_INET6;
-        v6->sin6_port = htons((unsigned short)port);
-        if (scope) {
-            unsigned long id = strtoul(scope + 1, NULL, 10);
-#ifndef _WIN32
-            if (id == 0) id = if_nametoindex(scope + 1);
-#endif
-            v6->sin6_scope_id = (uint32_t)id;
+    char name[INET6_ADDRSTRLEN];
+    const char *pct = strchr(host, '%');
+    size_t n = pct ? (size_t)(pct - host) : strlen(host);
+    struct sockaddr_storage dest;
+    struct sockaddr_in *v4 = (struct sockaddr_in *)&dest;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)&dest;
+    socklen_t dest_len = 0;
+    memset(&dest, 0, sizeof dest);
+    if (n < sizeof name) {
+        memcpy(name, host, n);
+        name[n] = 0;
+        if (!pct && inet_pton(AF_INET, name, &v4->sin_addr) == 1) {
+            v4->sin_family = AF_INET;
+            v4->sin_port = htons((unsigned short)port);
+            dest_len = sizeof *v4;
+        } else if (inet_pton(AF_INET6, name, &v6->sin6_addr) == 1) {
+            v6->sin6_family = AF_INET6;
+            v6->sin6_port = htons((unsigned short)port);
+            uint32_t scope = 0;  /* a local: Windows' sin6_scope_id is a ULONG */
+            if (!pct || scope_id(pct + 1, &scope) == 0) dest_len = sizeof *v6;
+            v6->sin6_scope_id = scope;
         }
-        self->dest_len = sizeof *v6;
-    } else {
-        self->dest_len = 0;
-        PyErr_Format(PyExc_ValueError, "not an IP address: %s", host);
+    }
+    if (dest_len == 0) {  /* the previous destination, if any, stays */
+        PyErr_Format(PyExc_ValueError, "not an IPv4 or IPv6 address literal (with a known %%scope): %R", PyTuple_GET_ITEM(args, 1));
         return NULL;
     }
+    memcpy(&self->dest, &dest, sizeof dest);
+    self->dest_len = dest_len;
     self->fd = fd;
     Py_RETURN_NONE;
+}
+
+/* An int argument in lo..hi, else ValueError (OverflowError too: the brief's contract is ValueError). */
+static int int_in(PyObject *o, long long lo, long long hi, const char *what, long long *out) {
+    int overflow = 0;
+    long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (v == -1 && PyErr_Occurred()) return -1;
+    if (overflow || v < lo || v > hi) {
+        PyErr_Format(PyExc_ValueError, "%s must be in %lld..%lld, got %R", what, lo, hi, o);
+        return -1;
+    }
+    *out = v;
+    return 0;
 }
 
 static int init(RecordLayer *self, PyObject *args, PyObject *kw) {
@@ -300,18 +454,20 @@ static int init(RecordLayer *self, PyObject *args, PyObject *kw) {
                             "epoch", "write_seq", "read_seq_top", NULL};
     const char *cipher;
     Py_buffer wk, wi, rk, ri;
-    long long epoch, write_seq, read_top;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*y*y*y*LLL", names, &cipher, &wk, &wi, &rk, &ri, &epoch,
-                                     &write_seq, &read_top))
+    PyObject *epoch_o, *write_o, *top_o;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "sy*y*y*y*OOO:RecordLayer", names, &cipher, &wk, &wi, &rk, &ri,
+                                     &epoch_o, &write_o, &top_o))
         return -1;
-    int rc = -1;
-    const EVP_CIPHER *evp = NULL;
-    Py_ssize_t key_len = 0, iv_len = 0;
-    int gcm = 1;
+    int rc = -1, gcm = 1;
+    const EVP_CIPHER *evp;
+    Py_ssize_t key_len, iv_len = 4;
+    long long epoch, write_seq, read_top;
+    EVP_CIPHER_CTX *enc = NULL, *dec = NULL;
+    PyObject *name = NULL;
     if (strcmp(cipher, "AES128-GCM") == 0) {
-        evp = EVP_aes_128_gcm(); key_len = 16; iv_len = 4;
+        evp = EVP_aes_128_gcm(); key_len = 16;
     } else if (strcmp(cipher, "AES256-GCM") == 0) {
-        evp = EVP_aes_256_gcm(); key_len = 32; iv_len = 4;
+        evp = EVP_aes_256_gcm(); key_len = 32;
     } else if (strcmp(cipher, "CHACHA20-POLY1305") == 0) {
         evp = EVP_chacha20_poly1305(); key_len = 32; iv_len = 12; gcm = 0;
     } else {
@@ -319,40 +475,47 @@ static int init(RecordLayer *self, PyObject *args, PyObject *kw) {
         goto out;
     }
     if (wk.len != key_len || rk.len != key_len || wi.len != iv_len || ri.len != iv_len) {
-        PyErr_Format(PyExc_ValueError, "%s takes %zd-byte keys and %zd-byte IVs", cipher, key_len, iv_len);
+        PyErr_Format(PyExc_ValueError, "%s takes %zd-byte keys and %zd-byte IVs, got keys of %zd and %zd, IVs of %zd and %zd",
+                     cipher, key_len, iv_len, wk.len, rk.len, wi.len, ri.len);
         goto out;
     }
-    if (epoch < 0 || epoch > 65535 || write_seq < 0 || (uint64_t)write_seq > SEQ_MAX || read_top < -1 ||
-        read_top > (long long)SEQ_MAX) {
-        PyErr_SetString(PyExc_ValueError, "epoch must be 0..65535, sequence numbers 0..2**48-1 (read top -1..)");
+    if (int_in(epoch_o, 0, 65535, "epoch", &epoch) < 0 ||
+        int_in(write_o, 0, (long long)SEQ_MAX, "write_seq", &write_seq) < 0 ||
+        int_in(top_o, -1, (long long)SEQ_MAX, "read_seq_top", &read_top) < 0)
+        goto out;
+    enc = EVP_CIPHER_CTX_new();
+    dec = EVP_CIPHER_CTX_new();
+    if (!enc || !dec || EVP_EncryptInit_ex(enc, evp, NULL, NULL, NULL) != 1 ||
+        EVP_CIPHER_CTX_ctrl(enc, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1 ||
+        EVP_EncryptInit_ex(enc, NULL, NULL, wk.buf, NULL) != 1 ||
+        EVP_DecryptInit_ex(dec, evp, NULL, NULL, NULL) != 1 ||
+        EVP_CIPHER_CTX_ctrl(dec, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1 ||
+        EVP_DecryptInit_ex(dec, NULL, NULL, rk.buf, NULL) != 1) {
+        PyErr_SetString(PyExc_RuntimeError, "OpenSSL refused the cipher or key");
         goto out;
     }
+    if (!(name = PyUnicode_FromString(cipher))) goto out;
+    /* Everything checked: only now replace the state (a failed second __init__ leaves the old one). */
     EVP_CIPHER_CTX_free(self->enc);
     EVP_CIPHER_CTX_free(self->dec);
-    self->enc = EVP_CIPHER_CTX_new();
-    self->dec = EVP_CIPHER_CTX_new();
-    /* The key is set once; each record only sets its nonce. */
-    if (!self->enc || !self->dec || EVP_EncryptInit_ex(self->enc, evp, NULL, NULL, NULL) != 1 ||
-        EVP_CIPHER_CTX_ctrl(self->enc, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1 ||
-        EVP_EncryptInit_ex(self->enc, NULL, NULL, wk.buf, NULL) != 1 ||
-        EVP_DecryptInit_ex(self->dec, evp, NULL, NULL, NULL) != 1 ||
-        EVP_CIPHER_CTX_ctrl(self->dec, EVP_CTRL_AEAD_SET_IVLEN, 12, NULL) != 1 ||
-        EVP_DecryptInit_ex(self->dec, NULL, NULL, rk.buf, NULL) != 1) {
-        PyErr_SetString(PyExc_RuntimeError, "OpenSSL refused the cipher");
-        goto out;
-    }
+    self->enc = enc;
+    self->dec = dec;
+    enc = dec = NULL;
+    Py_XSETREF(self->cipher, name);
     self->gcm = gcm;
     memcpy(self->write_iv, wi.buf, (size_t)iv_len);
     memcpy(self->read_iv, ri.buf, (size_t)iv_len);
     self->epoch = (uint16_t)epoch;
     self->write_seq = (uint64_t)write_seq;
     self->read_top = read_top;
-    self->window = read_top < 0 ? 0 : ~(uint64_t)0;  /* everything up to the top counts as seen */
+    self->window = read_top < 0 ? 0 : ~(uint64_t)0;  /* OpenSSL processed everything up to the top */
     self->dest_len = 0;
     self->fd = -1;
-    Py_XSETREF(self->cipher, PyUnicode_FromString(cipher));
-    rc = self->cipher ? 0 : -1;
+    self->sealed = self->opened = self->dropped_auth = self->dropped_replay = self->dropped_short = 0;
+    rc = 0;
 out:
+    EVP_CIPHER_CTX_free(enc);
+    EVP_CIPHER_CTX_free(dec);
     PyBuffer_Release(&wk);
     PyBuffer_Release(&wi);
     PyBuffer_Release(&rk);
@@ -361,10 +524,11 @@ out:
 }
 
 static void dealloc(RecordLayer *self) {
-    EVP_CIPHER_CTX_free(self->enc);
+    EVP_CIPHER_CTX_free(self->enc);  /* cleanses the key schedules */
     EVP_CIPHER_CTX_free(self->dec);
     OPENSSL_cleanse(self->write_iv, sizeof self->write_iv);
     OPENSSL_cleanse(self->read_iv, sizeof self->read_iv);
+    OPENSSL_cleanse(self->buf, sizeof self->buf);
     Py_XDECREF(self->cipher);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -373,31 +537,47 @@ static PyObject *get_write_seq(RecordLayer *self, void *c) { return PyLong_FromU
 static PyObject *get_read_top(RecordLayer *self, void *c) { return PyLong_FromLongLong(self->read_top); }
 
 static PyMethodDef methods[] = {
-    {"seal", (PyCFunction)(void (*)(void))seal, METH_VARARGS | METH_KEYWORDS,
-     "seal(payload, content_type=23) -> bytes: one record with the next sequence number."},
-    {"seal_send", (PyCFunction)(void (*)(void))seal_send, METH_VARARGS | METH_KEYWORDS,
-     "seal_send(payload, content_type=23) -> bytes | None: seal, then one sendto to the destination.\n"
-     "None when sent; the record when the socket's buffer is full (the caller queues it)."},
+    {"seal", (PyCFunction)(void (*)(void))seal, METH_FASTCALL | METH_KEYWORDS,
+     "seal(payload, content_type=23) -> bytes\n\n"
+     "One record under the next sequence number, for a caller that sends it itself (a relayed\n"
+     "candidate pair, or a close_notify alert: OpenSSL's own sequence numbers are stale by then)."},
+    {"seal_send", (PyCFunction)(void (*)(void))seal_send, METH_FASTCALL | METH_KEYWORDS,
+     "seal_send(payload, content_type=23) -> bytes | None\n\n"
+     "Seal and sendto in one call, with no bytes object on the way: the per-packet send path.\n"
+     "None when sent; the record when the socket's buffer is full (EAGAIN, ENOBUFS), for the caller\n"
+     "to queue on its transport. Other errors raise OSError; the sequence number stays spent."},
     {"open", (PyCFunction)open_record, METH_O,
-     "open(datagram) -> bytes | None: the plaintext; b'' when the record is this layer's but a replay,\n"
-     "too short or forged (dropped, counted); None when it is not exactly one application-data record\n"
-     "of this epoch (OpenSSL's to handle)."},
+     "open(datagram) -> bytes | None\n\n"
+     "None: not exactly one application-data record of this epoch, so OpenSSL's to handle (alerts,\n"
+     "handshake, a new epoch). b'': this layer's record but a replay, too short or forged, dropped and\n"
+     "counted (RFC 6347 says drop silently). Else the plaintext. Never raises on any bytes."},
+    {"send_data_chunk", (PyCFunction)send_data_chunk, METH_VARARGS,
+     "send_data_chunk(src_port, dst_port, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data)\n"
+     "-> bytes | None\n\n"
+     "The SCTP packet of one DATA chunk, the bytes aiortc's serialize_packet writes (CRC32c included),\n"
+     "built, sealed and sent in one call: SCTP's per-packet send without a Python step. Returns as\n"
+     "seal_send does."},
+    {"send_packet", (PyCFunction)send_packet, METH_VARARGS,
+     "send_packet(src_port, dst_port, vtag, chunk) -> bytes | None\n\n"
+     "The same for a chunk already serialized (a SACK, a HEARTBEAT...)."},
     {"set_destination", (PyCFunction)set_destination, METH_VARARGS,
-     "set_destination(fd, host, port): where seal_send sends (the socket is not owned)."},
+     "set_destination(fd, host, port) -> None\n\n"
+     "Where seal_send sends: the UDP socket the ICE pair already uses (not owned, never closed) and\n"
+     "the peer's address literal, parsed once here rather than on every packet."},
     {NULL}};
 
 static PyMemberDef members[] = {
-    {"cipher", T_OBJECT_EX, offsetof(RecordLayer, cipher), READONLY, "the AEAD cipher"},
+    {"cipher", T_OBJECT_EX, offsetof(RecordLayer, cipher), READONLY, "the AEAD suite's name"},
     {"sealed", T_ULONGLONG, offsetof(RecordLayer, sealed), READONLY, "records sealed"},
-    {"opened", T_ULONGLONG, offsetof(RecordLayer, opened), READONLY, "records opened"},
-    {"dropped_auth", T_ULONGLONG, offsetof(RecordLayer, dropped_auth), READONLY, "forged or corrupt"},
-    {"dropped_replay", T_ULONGLONG, offsetof(RecordLayer, dropped_replay), READONLY, "seen or too old"},
+    {"opened", T_ULONGLONG, offsetof(RecordLayer, opened), READONLY, "records opened and authenticated"},
+    {"dropped_auth", T_ULONGLONG, offsetof(RecordLayer, dropped_auth), READONLY, "forged, corrupt or overlong"},
+    {"dropped_replay", T_ULONGLONG, offsetof(RecordLayer, dropped_replay), READONLY, "seen or older than the window"},
     {"dropped_short", T_ULONGLONG, offsetof(RecordLayer, dropped_short), READONLY, "shorter than nonce + tag"},
     {NULL}};
 
 static PyGetSetDef getset[] = {
     {"write_seq", (getter)get_write_seq, NULL, "the next sequence number to seal with", NULL},
-    {"read_seq_top", (getter)get_read_top, NULL, "the highest sequence number opened (-1: none)", NULL},
+    {"read_seq_top", (getter)get_read_top, NULL, "the highest sequence number authenticated (-1: none)", NULL},
     {NULL}};
 
 static PyTypeObject RecordLayerType = {
@@ -406,9 +586,10 @@ static PyTypeObject RecordLayerType = {
     .tp_basicsize = sizeof(RecordLayer),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "RecordLayer(cipher, write_key, write_iv, read_key, read_iv, epoch, write_seq, read_seq_top)\n\n"
-              "One direction pair of an established DTLS 1.2 session's application-data records.\n"
-              "write_seq goes on from the last record OpenSSL sent; every sequence number up to\n"
-              "read_seq_top counts as already received (OpenSSL opened those).",
+              "The application-data records of one established DTLS 1.2 session, taken over from OpenSSL\n"
+              "mid-epoch: write_seq goes on from the last record OpenSSL sealed (a sequence number must\n"
+              "never repeat under one key), and every number up to read_seq_top counts as already\n"
+              "received, since OpenSSL opened those.",
     .tp_new = PyType_GenericNew,
     .tp_init = (initproc)init,
     .tp_dealloc = (destructor)dealloc,
@@ -422,22 +603,30 @@ static PyObject *openssl_version(PyObject *m, PyObject *unused) {
 }
 
 static PyMethodDef module_methods[] = {
-    {"openssl_version", openssl_version, METH_NOARGS, "The libcrypto this module runs on."},
+    {"openssl_version", openssl_version, METH_NOARGS,
+     "openssl_version() -> str\n\nThe libcrypto this runs on, for About, --self-test and logs."},
+    {"data_packet", data_packet, METH_VARARGS,
+     "data_packet(src_port, dst_port, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data) -> bytes\n\n"
+     "The unsealed packet send_data_chunk sends (tests hold it against aiortc's serialize_packet)."},
+    {"packet", packet, METH_VARARGS,
+     "packet(src_port, dst_port, vtag, chunk) -> bytes\n\nThe unsealed packet send_packet sends."},
     {NULL}};
 
-static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "engine.p2p.native._records",
-    "DTLS 1.2 application-data records sealed, opened and sent in C (see engine.p2p.native).", -1,
-    module_methods};
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "engine.p2p.native._records", module_doc, -1,
+                                    module_methods};
 
 PyMODINIT_FUNC PyInit__records(void) {
+    sctp_crc32c_init();
     if (PyType_Ready(&RecordLayerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;
     Py_INCREF(&RecordLayerType);
-    if (PyModule_AddObject(m, "RecordLayer", (PyObject *)&RecordLayerType) < 0 ||
-        PyModule_AddStringConstant(m, "__version__", "1") < 0) {
+    if (PyModule_AddObject(m, "RecordLayer", (PyObject *)&RecordLayerType) < 0) {
         Py_DECREF(&RecordLayerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    if (PyModule_AddStringConstant(m, "__version__", "1") < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -33,11 +33,13 @@ send a close_notify the compiled layer seals it, since OpenSSL's own sequence nu
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import Any
 
 import aioice.ice as ice
 from aiortc import rtcdtlstransport as dtls
+from aiortc import rtcsctptransport as sctp
 from OpenSSL import SSL
 from OpenSSL._util import ffi as _ffi
 from OpenSSL._util import lib as _lib
@@ -52,6 +54,9 @@ _stock_write_ssl: Callable[[Any], Any] = _Dtls._write_ssl
 _stock_send_data: Callable[[Any, bytes], Any] = _Dtls._send_data
 _CONNECTED = dtls.State.CONNECTED
 _StunProtocol = ice.StunProtocol
+_stock_send_chunk: Callable[[Any, Any], Any] = sctp.RTCSctpTransport._send_chunk
+_DataChunk = sctp.DataChunk
+_sctp_logger = logging.getLogger("aiortc.rtcsctptransport")
 _BUFSIZE = 1500  # aiortc's read size for both directions
 _SSL_read = _lib.SSL_read
 _SSL_write = _lib.SSL_write
@@ -337,3 +342,42 @@ async def _not_dtls(self: Any, data: bytes) -> None:
                 await self._handle_rtp_data(self._rx_srtp.unprotect(data), arrival_time_ms=arrival_time_ms)
         except _dtls_module.pylibsrtp.Error:
             pass
+
+
+async def send_chunk(self: Any, chunk: Any) -> None:
+    """``RTCSctpTransport._send_chunk``: packet, record and ``sendto`` in one C call on a compiled link."""
+    transport = self._RTCSctpTransport__transport
+    f = transport.__dict__.get("_lah_fast")
+    rl = None if f is None else f.native
+    if rl is None or not f.direct or transport._state is not _CONNECTED or _sctp_logger.isEnabledFor(10):
+        await _stock_send_chunk(self, chunk)
+        return
+    pair = f.conn._nominated.get(1)
+    if pair is not f.pair:  # no longer the pair the layer sends to: send_data decides
+        await _stock_send_chunk(self, chunk)
+        return
+    try:
+        if type(chunk) is _DataChunk:
+            data = chunk.user_data
+            size = 28 + len(data) + (-len(data) & 3)
+            left = rl.send_data_chunk(
+                self._local_port,
+                self._remote_port,
+                self._remote_verification_tag,
+                chunk.flags,
+                chunk.tsn,
+                chunk.stream_id,
+                chunk.stream_seq,
+                chunk.protocol,
+                data,
+            )
+        else:
+            body = bytes(chunk)
+            size = 12 + len(body)
+            left = rl.send_packet(self._local_port, self._remote_port, self._remote_verification_tag, body)
+    except OSError:  # as in send_data: the packet is lost, SCTP's recovery resends it
+        left = None
+    if left is not None:
+        pair.protocol.transport.sendto(left, pair.remote_addr)
+    transport._RTCDtlsTransport__tx_bytes += size + f.overhead
+    transport._RTCDtlsTransport__tx_packets += 1

@@ -73,6 +73,15 @@ _DTLS_RELIED = (  # not replaced; dtls.py calls or reads them (pyOpenSSL interna
         "aioice.ice.Connection.data_received",
         "5631b17fab717d6b9a956b775d6f5580a50c2419dc6ef693286a98355e98a253",
     ),
+    # the compiled layer writes the packets these write: the format must not have moved
+    (
+        "aiortc.rtcsctptransport.serialize_packet",
+        "5731d38491422e4c9c0331ef7fedc1c96cf884008aa05573e9b92dee59e04548",
+    ),
+    (
+        "aiortc.rtcsctptransport.DataChunk.__bytes__",
+        "46266f41c81fd18d7cf69b4b5a4ada2e6e394fd51b014f1724879223827b0d9f",
+    ),
     ("aioice.ice.StunProtocol.send_data", "8bfbce074a897482d13dba6bf49ff6f09e48f84327143b801a3a12d2e43de358"),
     (
         "aiortc.rtcicetransport.RTCIceTransport.start",
@@ -248,6 +257,12 @@ PATCHES: tuple[Patch, ...] = (
         "ee6cd411dd7f8eda6da0344f01b98f3c24ae9072cd3ef36d0a0acdd7a618eb47",
         "dtls",
         dtls.send_data,
+    ),
+    Patch(
+        _T + "_send_chunk",
+        "eb2f909e3c2ff5cc948062e5eeaee54868455940ea62c6c9162145a4550127e6",
+        "dtls",
+        dtls.send_chunk,
     ),
     *(Patch(name, digest, "dtls") for name, digest in _DTLS_RELIED),
 )

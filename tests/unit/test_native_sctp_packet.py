@@ -71,3 +71,60 @@ def test_send_without_a_destination_is_refused() -> None:
     with pytest.raises(RuntimeError, match="destination"):
         layer.send_packet(1, 2, 3, b"x")
     assert layer.write_seq == 0  # nothing was sealed
+
+
+def _link() -> tuple[_records.RecordLayer, _records.RecordLayer]:
+    wk, wi, rk, ri = os.urandom(16), os.urandom(4), os.urandom(16), os.urandom(4)
+    return (
+        _records.RecordLayer("AES128-GCM", wk, wi, rk, ri, 1, 0, -1),
+        _records.RecordLayer("AES128-GCM", rk, ri, wk, wi, 1, 0, -1),
+    )
+
+
+def test_open_data_parses_the_receivers_common_case() -> None:
+    a, b = _link()
+    for n in (0, 1, 2, 3, 4, 1172):
+        data = os.urandom(n)
+        packet = _records.data_packet(5000, 5000, 0xCAFE, 3, 0xFFFFFFFF, 65535, 7, 51, data)
+        assert b.open_data(a.seal(packet), 0xCAFE) == (3, 0xFFFFFFFF, 65535, 7, 51, data)
+
+
+def test_open_data_hands_every_other_packet_to_aiortc() -> None:
+    a, b = _link()
+    data_packet = _records.data_packet(5000, 5000, 0xCAFE, 3, 1, 0, 0, 51, b"abc")
+    sack = SackChunk()
+    sack.cumulative_tsn, sack.advertised_rwnd = 1, 1 << 20
+    chunk = DataChunk(flags=3)
+    chunk.user_data = b"abc"
+    two = serialize_packet(5000, 5000, 0xCAFE, chunk)
+    two = two[:8] + bytes(4) + two[12:] + bytes(sack)  # a bundle: DATA then SACK, checksum redone below
+    two = _records.packet(5000, 5000, 0xCAFE, two[12:])
+    long_says = bytearray(data_packet)
+    long_says[14:16] = (0xFFF).to_bytes(2, "big")  # the chunk claims more than the packet holds
+    long_says = _records.packet(5000, 5000, 0xCAFE, bytes(long_says[12:]))
+    for packet in (
+        _records.packet(5000, 5000, 0xCAFE, bytes(sack)),  # not DATA
+        two,  # more than one chunk
+        long_says,
+        bytes(11),  # shorter than the common header
+    ):
+        assert b.open_data(a.seal(packet), 0xCAFE) == packet
+    assert b.open_data(a.seal(data_packet), 0xBEEF) == data_packet  # another association's tag
+    assert b.dropped_crc == 0
+
+
+def test_open_data_drops_a_wrong_checksum_and_counts_it() -> None:
+    a, b = _link()
+    packet = bytearray(_records.data_packet(5000, 5000, 0xCAFE, 3, 1, 0, 0, 51, b"abc"))
+    packet[-4] ^= 1
+    assert b.open_data(a.seal(bytes(packet)), 0xCAFE) == b""
+    assert b.dropped_crc == 1
+    assert b.open_data(b"not a record", 0xCAFE) is None  # OpenSSL's, as open() says
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=1400), u32)
+def test_open_data_never_raises_on_sealed_noise(noise: bytes, tag: int) -> None:
+    a, b = _link()
+    got = b.open_data(a.seal(noise), tag)
+    assert got in (noise, b"") or (isinstance(got, tuple) and len(got) == 6)

@@ -59,7 +59,7 @@ typedef struct {
     int fd;                   /* not owned: the caller's UDP socket */
     struct sockaddr_storage dest;
     socklen_t dest_len;       /* 0: no destination */
-    unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short;
+    unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short, dropped_crc;
     unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
     unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
 } RecordLayer;
@@ -370,6 +370,47 @@ static PyObject *open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize
     return out;
 }
 
+static uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* open(), then the receiver's common case parsed here: a packet with our verification tag, a right
+ * CRC32c and exactly one DATA chunk comes back as (flags, tsn, stream_id, stream_seq, ppid, user_data),
+ * the fields aiortc's DataChunk holds. A wrong CRC is dropped (b"", as aiortc's parse drops it); any
+ * other packet comes back as its bytes for aiortc's parser. */
+static PyObject *open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs) {
+    unsigned long long vtag;
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_data(datagram, verification_tag)");
+        return NULL;
+    }
+    vtag = PyLong_AsUnsignedLongLong(args[1]);
+    if (vtag == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    Py_buffer d;
+    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *plain = ready(self) ? open_buffer(self, d.buf, d.len) : NULL;
+    PyBuffer_Release(&d);
+    if (!plain || !PyBytes_Check(plain)) return plain;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(plain);
+    Py_ssize_t n = PyBytes_GET_SIZE(plain);
+    if (n < SCTP_COMMON_HEADER) return plain;  /* b"" (dropped) or too short: aiortc's parser says so */
+    if (!sctp_checksum_ok(p, (size_t)n)) {
+        Py_DECREF(plain);
+        return dropped(&self->dropped_crc);
+    }
+    const unsigned char *c = p + SCTP_COMMON_HEADER;
+    Py_ssize_t rest = n - SCTP_COMMON_HEADER, length = rest >= 4 ? (c[2] << 8 | c[3]) : 0;
+    if (rd32(p + 4) != vtag || rest < SCTP_DATA_HEADER || c[0] != 0 || length < SCTP_DATA_HEADER ||
+        length > rest || rest - length > 3)
+        return plain;
+    PyObject *out = Py_BuildValue("(IkIIky#)", (unsigned)c[1], (unsigned long)rd32(c + 4),
+                                  (unsigned)(c[8] << 8 | c[9]), (unsigned)(c[10] << 8 | c[11]),
+                                  (unsigned long)rd32(c + 12), (const char *)c + SCTP_DATA_HEADER,
+                                  (Py_ssize_t)(length - SCTP_DATA_HEADER));
+    Py_DECREF(plain);
+    return out;
+}
+
 static PyObject *open_record(RecordLayer *self, PyObject *arg) {
     Py_buffer d;
     if (!ready(self) || PyObject_GetBuffer(arg, &d, PyBUF_SIMPLE) < 0) return NULL;
@@ -512,6 +553,7 @@ static int init(RecordLayer *self, PyObject *args, PyObject *kw) {
     self->dest_len = 0;
     self->fd = -1;
     self->sealed = self->opened = self->dropped_auth = self->dropped_replay = self->dropped_short = 0;
+    self->dropped_crc = 0;
     rc = 0;
 out:
     EVP_CIPHER_CTX_free(enc);
@@ -546,6 +588,11 @@ static PyMethodDef methods[] = {
      "Seal and sendto in one call, with no bytes object on the way: the per-packet send path.\n"
      "None when sent; the record when the socket's buffer is full (EAGAIN, ENOBUFS), for the caller\n"
      "to queue on its transport. Other errors raise OSError; the sequence number stays spent."},
+    {"open_data", (PyCFunction)(void (*)(void))open_data, METH_FASTCALL,
+     "open_data(datagram, verification_tag) -> tuple | bytes | None\n\n"
+     "open(), and for the receiver's common case (our tag, a right CRC32c, one DATA chunk) the chunk's\n"
+     "(flags, tsn, stream_id, stream_seq, ppid, user_data) instead of the packet: aiortc's parse_packet\n"
+     "skipped. b'' also for a wrong CRC32c (dropped, counted); any other packet comes back as bytes."},
     {"open", (PyCFunction)open_record, METH_O,
      "open(datagram) -> bytes | None\n\n"
      "None: not exactly one application-data record of this epoch, so OpenSSL's to handle (alerts,\n"
@@ -573,6 +620,8 @@ static PyMemberDef members[] = {
     {"dropped_auth", T_ULONGLONG, offsetof(RecordLayer, dropped_auth), READONLY, "forged, corrupt or overlong"},
     {"dropped_replay", T_ULONGLONG, offsetof(RecordLayer, dropped_replay), READONLY, "seen or older than the window"},
     {"dropped_short", T_ULONGLONG, offsetof(RecordLayer, dropped_short), READONLY, "shorter than nonce + tag"},
+    {"dropped_crc", T_ULONGLONG, offsetof(RecordLayer, dropped_crc), READONLY,
+     "authentic records whose SCTP packet had a wrong CRC32c (open_data)"},
     {NULL}};
 
 static PyGetSetDef getset[] = {

@@ -40,11 +40,22 @@ void sctp_crc32c_init(void) {
 #endif
 }
 
-uint32_t sctp_crc32c(const unsigned char *p, size_t n) {
+static uint32_t crc_update(uint32_t c, const unsigned char *p, size_t n) {
 #ifdef HAVE_HW_CRC
-    if (hw) return ~crc_hw(0xffffffffu, p, n);
+    if (hw) return crc_hw(c, p, n);
 #endif
-    return ~crc_table(0xffffffffu, p, n);
+    return crc_table(c, p, n);
+}
+
+uint32_t sctp_crc32c(const unsigned char *p, size_t n) { return ~crc_update(0xffffffffu, p, n); }
+
+int sctp_checksum_ok(const unsigned char *pkt, size_t n) {
+    static const unsigned char zero[4];
+    uint32_t c = crc_update(0xffffffffu, pkt, 8);
+    c = crc_update(c, zero, 4);
+    c = ~crc_update(c, pkt + SCTP_COMMON_HEADER, n - SCTP_COMMON_HEADER);
+    uint32_t stored = (uint32_t)pkt[8] | (uint32_t)pkt[9] << 8 | (uint32_t)pkt[10] << 16 | (uint32_t)pkt[11] << 24;
+    return c == stored;
 }
 
 static void be16(unsigned char *p, unsigned v) {

@@ -23,4 +23,8 @@ size_t sctp_packet(unsigned char *pkt, unsigned src, unsigned dst, uint32_t vtag
 size_t sctp_data_packet(unsigned char *pkt, unsigned src, unsigned dst, uint32_t vtag, unsigned flags, uint32_t tsn,
                         unsigned sid, unsigned ssn, uint32_t ppid, const unsigned char *data, size_t n);
 
+/* Whether a received packet's CRC32c (bytes 8..11, little-endian) is right, computed as over a zeroed
+ * field without copying the packet; `n` >= SCTP_COMMON_HEADER. */
+int sctp_checksum_ok(const unsigned char *pkt, size_t n);
+
 #endif

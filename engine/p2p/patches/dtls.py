@@ -46,6 +46,7 @@ from OpenSSL._util import lib as _lib
 
 from ..native import keys as _keys
 from ..native import records as _native_records
+from .sctp_receiver import receive_one_data as _receive_one_data
 
 _dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
 _Dtls: Any = dtls.RTCDtlsTransport
@@ -253,6 +254,14 @@ async def send_data(self: Any, data: bytes) -> None:
     await _flush(self, f)
 
 
+def _open(rl: Any, data: bytes, sctp_transport: Any) -> Any:
+    """The record opened; with SCTP's packet parsed too where the receiver takes it that way (the
+    association is ours and aiortc's debug log, which prints every chunk, is off)."""
+    if sctp_transport is None or _sctp_logger.isEnabledFor(10):
+        return rl.open(data)
+    return rl.open_data(data, sctp_transport._local_verification_tag)
+
+
 async def recv_next(self: Any) -> None:
     """Stock ``_recv_next`` for every datagram already queued (a burst), then back to aiortc's loop.
 
@@ -281,8 +290,10 @@ async def recv_next(self: Any) -> None:
             self._lah_fast = None
             await _stock_record(self, data)
             return
-        elif f.native is not None and (plain := f.native.open(data)) is not None:
-            if plain and self._data_receiver:  # b"": a replay or a forgery, dropped (counted there)
+        elif f.native is not None and (plain := _open(f.native, data, self._data_receiver)) is not None:
+            if type(plain) is tuple:  # one DATA chunk, parsed in C (see _open)
+                await _receive_one_data(self._data_receiver, plain)
+            elif plain and self._data_receiver:  # b"": a replay or a forgery, dropped (counted there)
                 await self._data_receiver._handle_data(plain)
         else:
             if f.track:

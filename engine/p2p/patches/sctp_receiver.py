@@ -162,6 +162,20 @@ async def _handle_data(self: Any, data: bytes) -> None:
         await self._send_sack()
 
 
+_new = object.__new__
+
+
+async def receive_one_data(self: Any, fields: tuple[int, int, int, int, int, bytes]) -> None:
+    """``_handle_data`` for a packet the compiled record layer already parsed: our verification tag, a
+    right CRC32c and one DATA chunk, given as the chunk's fields (see engine/p2p/native). What follows
+    the parse is ``_handle_data``'s own path for such a packet."""
+    chunk = _new(_DataChunk)
+    chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol, chunk.user_data = fields
+    await self._receive_data_chunk(chunk)
+    if self._sack_needed:
+        await self._send_sack()
+
+
 _stock_receive_data_chunk: Callable[[Any, Any], Any] = _Transport._receive_data_chunk
 
 

@@ -143,10 +143,11 @@ async def _loopback() -> str:
     import torch
 
     from coordinator.app import start
-    from engine.p2p import CallContext, Handlers, Identity, Peer
+    from engine.p2p import CallContext, Handlers, Identity, Peer, patches
     from engine.p2p.patches import pin_host_addresses
     from engine.wire import Kind, Message
 
+    patches.install()  # what the node runs (the bundle's self-test comes here without lah's CLI)
     pin_host_addresses(["127.0.0.1"])  # the test never leaves this machine
     handlers = Handlers()
 
@@ -165,14 +166,16 @@ async def _loopback() -> str:
             reply = await a.call(b.peer_id, "double", {}, [x], timeout=30)
         if not torch.equal(reply.tensors[0], 2 * x):
             raise PartFailed("the tensor came back different")
-        from engine.p2p import native, patches
+        from engine.p2p import native
 
         fast = [g for g in patches.GROUPS if patches.installed(g)]
         stock = [g for g in patches.GROUPS if not patches.installed(g)]
+        link = a.links.get(b.peer_id)
+        used = patches.transport_stats(link.pc.sctp).get("records") if link and link.pc.sctp else None
         return (
             "two peers on 127.0.0.1, a signed WebRTC data channel, 256 KiB tensor there and back"
             f" (aiortc patches: {', '.join(fast) or 'none'}; stock: {', '.join(stock) or 'none'};"
-            f" records: {native.status()})"
+            f" records: {used or 'stock'}, {native.status()})"
         )
     finally:
         await a.stop()

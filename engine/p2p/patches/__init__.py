@@ -71,7 +71,7 @@ import logging
 from collections.abc import Sequence
 
 from ..errors import PatchMismatch
-from . import congestion, hosts, registry, sctp_sender
+from . import congestion, dtls, hosts, registry, sctp_sender
 
 logger = logging.getLogger(__name__)
 
@@ -137,5 +137,9 @@ def set_congestion_control(transport: object, name: str) -> None:
 
 
 def transport_stats(transport: object) -> dict[str, object]:
-    """Retransmissions, recoveries, RTO expiries, srtt, cwnd... of one association ({} when stock)."""
-    return sctp_sender.stats(transport)
+    """Retransmissions, recoveries, RTO expiries, srtt, cwnd... of one association ({} when stock), and
+    which record layer its DTLS transport runs (``records``: compiled, openssl or stock)."""
+    stats = sctp_sender.stats(transport)
+    if stats:
+        stats["records"] = dtls.record_layer(getattr(transport, "transport", None) or transport)
+    return stats

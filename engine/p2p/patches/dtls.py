@@ -392,3 +392,13 @@ async def send_chunk(self: Any, chunk: Any) -> None:
         pair.protocol.transport.sendto(left, pair.remote_addr)
     transport._RTCDtlsTransport__tx_bytes += size + f.overhead
     transport._RTCDtlsTransport__tx_packets += 1
+
+
+def record_layer(dtls_transport: Any) -> str:
+    """Which record layer a link's DTLS transport runs now: "compiled", "openssl" (the Python fast path
+    over OpenSSL's record calls) or "stock" (aiortc's own calls: the dtls group not installed, or the
+    handshake not done yet)."""
+    f = dtls_transport.__dict__.get("_lah_fast")
+    if f is None:
+        return "stock"
+    return "compiled" if f.native is not None else "openssl"

@@ -112,3 +112,12 @@ def test_the_app_never_loads_torch_or_aiortc() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert out.stdout.strip() == "[]"
+
+
+def test_about_says_which_record_layer_the_node_runs() -> None:
+    from app.about import about_text
+
+    runtime = {"torch": "2.13.0+cpu (CPU build)", "transport": "Python (compiled record layer not loaded: x)"}
+    text = about_text("http://site", {"runtime": runtime, "device": "CPU"})
+    assert "Data channels: Python (compiled record layer not loaded: x)" in text
+    assert "Data channels: not known yet" in about_text("http://site", None)

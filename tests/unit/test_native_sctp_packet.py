@@ -102,8 +102,10 @@ def test_open_data_hands_every_other_packet_to_aiortc() -> None:
     long_says = bytearray(data_packet)
     long_says[14:16] = (0xFFF).to_bytes(2, "big")  # the chunk claims more than the packet holds
     long_says = _records.packet(5000, 5000, 0xCAFE, bytes(long_says[12:]))
+    beat = HeartbeatChunk()
+    beat.params = [(1, b"x" * 9)]
     for packet in (
-        _records.packet(5000, 5000, 0xCAFE, bytes(sack)),  # not DATA
+        _records.packet(5000, 5000, 0xCAFE, bytes(beat)),  # neither DATA nor SACK
         two,  # more than one chunk
         long_says,
         bytes(11),  # shorter than the common header
@@ -128,3 +130,28 @@ def test_open_data_never_raises_on_sealed_noise(noise: bytes, tag: int) -> None:
     a, b = _link()
     got = b.open_data(a.seal(noise), tag)
     assert got in (noise, b"") or (isinstance(got, tuple) and len(got) == 6)
+
+
+@settings(max_examples=200, deadline=None)
+@given(u32, u32, st.lists(st.tuples(u16, u16), max_size=20), st.lists(u32, max_size=20))
+def test_open_data_parses_a_sack_as_aiortc_does(
+    cum: int, rwnd: int, gaps: list[tuple[int, int]], dups: list[int]
+) -> None:
+    a, b = _link()
+    sack = SackChunk()
+    sack.cumulative_tsn, sack.advertised_rwnd, sack.gaps, sack.duplicates = cum, rwnd, gaps, dups
+    packet = serialize_packet(5000, 5000, 0xCAFE, sack)
+    (theirs,) = parse_packet(packet)[3]
+    assert b.open_data(a.seal(packet), 0xCAFE) == (
+        theirs.cumulative_tsn, theirs.advertised_rwnd, theirs.gaps, theirs.duplicates
+    )
+
+
+def test_a_sack_whose_counts_disagree_with_its_length_is_left_to_aiortc() -> None:
+    a, b = _link()
+    sack = SackChunk()
+    sack.cumulative_tsn, sack.advertised_rwnd, sack.gaps = 1, 2, [(3, 4)]
+    body = bytearray(bytes(sack))
+    body[13] = 2  # two gaps announced, one there
+    packet = _records.packet(5000, 5000, 0xCAFE, bytes(body))
+    assert b.open_data(a.seal(packet), 0xCAFE) == packet

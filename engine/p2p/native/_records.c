@@ -374,9 +374,37 @@ static uint32_t rd32(const unsigned char *p) {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-/* open(), then the receiver's common case parsed here: a packet with our verification tag, a right
- * CRC32c and exactly one DATA chunk comes back as (flags, tsn, stream_id, stream_seq, ppid, user_data),
- * the fields aiortc's DataChunk holds. A wrong CRC is dropped (b"", as aiortc's parse drops it); any
+static Py_ssize_t sack_counts_fit(const unsigned char *c, Py_ssize_t length) {
+    return 16 + 4 * ((c[12] << 8 | c[13]) + (c[14] << 8 | c[15])) == length;
+}
+
+/* A SACK chunk (RFC 9260 3.3.4) whose gap and duplicate counts fill its length exactly, as
+ * (cumulative_tsn, a_rwnd, [(gap start, gap end)...], [duplicate TSNs]): aiortc's SackChunk fields. */
+static PyObject *sack_fields(const unsigned char *c) {
+    Py_ssize_t gaps = c[12] << 8 | c[13], dups = c[14] << 8 | c[15];
+    PyObject *g = PyList_New(gaps), *d = PyList_New(dups);
+    if (!g || !d) goto fail;
+    const unsigned char *q = c + 16;
+    for (Py_ssize_t i = 0; i < gaps; i++, q += 4) {
+        PyObject *t = Py_BuildValue("(II)", (unsigned)(q[0] << 8 | q[1]), (unsigned)(q[2] << 8 | q[3]));
+        if (!t) goto fail;
+        PyList_SET_ITEM(g, i, t);
+    }
+    for (Py_ssize_t i = 0; i < dups; i++, q += 4) {
+        PyObject *v = PyLong_FromUnsignedLong((unsigned long)rd32(q));
+        if (!v) goto fail;
+        PyList_SET_ITEM(d, i, v);
+    }
+    return Py_BuildValue("(kkNN)", (unsigned long)rd32(c + 4), (unsigned long)rd32(c + 8), g, d);
+fail:
+    Py_XDECREF(g);
+    Py_XDECREF(d);
+    return NULL;
+}
+
+/* open(), then the common cases parsed here: a packet with our verification tag, a right CRC32c and
+ * exactly one DATA chunk comes back as (flags, tsn, stream_id, stream_seq, ppid, user_data), the fields
+ * aiortc's DataChunk holds; one SACK chunk as sack_fields' 4-tuple (the sender's common packet). A wrong CRC is dropped (b"", as aiortc's parse drops it); any
  * other packet comes back as its bytes for aiortc's parser. */
 static PyObject *open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs) {
     unsigned long long vtag;
@@ -400,14 +428,17 @@ static PyObject *open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t 
     }
     const unsigned char *c = p + SCTP_COMMON_HEADER;
     Py_ssize_t rest = n - SCTP_COMMON_HEADER, length = rest >= 4 ? (c[2] << 8 | c[3]) : 0;
-    if (rd32(p + 4) != vtag || rest < SCTP_DATA_HEADER || c[0] != 0 || length < SCTP_DATA_HEADER ||
-        length > rest || rest - length > 3)
-        return plain;
-    PyObject *out = Py_BuildValue("(IkIIky#)", (unsigned)c[1], (unsigned long)rd32(c + 4),
-                                  (unsigned)(c[8] << 8 | c[9]), (unsigned)(c[10] << 8 | c[11]),
-                                  (unsigned long)rd32(c + 12), (const char *)c + SCTP_DATA_HEADER,
-                                  (Py_ssize_t)(length - SCTP_DATA_HEADER));
-    Py_DECREF(plain);
+    /* one chunk, exactly: the packet ends with it and its padding */
+    if (rd32(p + 4) != vtag || length < 4 || length > rest || rest - length > 3) return plain;
+    PyObject *out = plain;
+    if (c[0] == 0 && length >= SCTP_DATA_HEADER) {
+        out = Py_BuildValue("(IkIIky#)", (unsigned)c[1], (unsigned long)rd32(c + 4), (unsigned)(c[8] << 8 | c[9]),
+                            (unsigned)(c[10] << 8 | c[11]), (unsigned long)rd32(c + 12),
+                            (const char *)c + SCTP_DATA_HEADER, (Py_ssize_t)(length - SCTP_DATA_HEADER));
+    } else if (c[0] == 3 && length >= 16 && sack_counts_fit(c, length)) {
+        out = sack_fields(c);  /* any other SACK (counts that disagree) is aiortc's to judge */
+    }
+    if (out != plain) Py_DECREF(plain);
     return out;
 }
 

@@ -46,7 +46,7 @@ from OpenSSL._util import lib as _lib
 
 from ..native import keys as _keys
 from ..native import records as _native_records
-from .sctp_receiver import receive_one_data as _receive_one_data
+from .sctp_receiver import receive_one_chunk as _receive_one_chunk
 
 _dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
 _Dtls: Any = dtls.RTCDtlsTransport
@@ -291,8 +291,8 @@ async def recv_next(self: Any) -> None:
             await _stock_record(self, data)
             return
         elif f.native is not None and (plain := _open(f.native, data, self._data_receiver)) is not None:
-            if type(plain) is tuple:  # one DATA chunk, parsed in C (see _open)
-                await _receive_one_data(self._data_receiver, plain)
+            if type(plain) is tuple:  # one DATA or SACK chunk, parsed in C (see _open)
+                await _receive_one_chunk(self._data_receiver, plain)
             elif plain and self._data_receiver:  # b"": a replay or a forgery, dropped (counted there)
                 await self._data_receiver._handle_data(plain)
         else:

@@ -165,13 +165,19 @@ async def _handle_data(self: Any, data: bytes) -> None:
 _new = object.__new__
 
 
-async def receive_one_data(self: Any, fields: tuple[int, int, int, int, int, bytes]) -> None:
+async def receive_one_chunk(self: Any, fields: tuple[Any, ...]) -> None:
     """``_handle_data`` for a packet the compiled record layer already parsed: our verification tag, a
-    right CRC32c and one DATA chunk, given as the chunk's fields (see engine/p2p/native). What follows
-    the parse is ``_handle_data``'s own path for such a packet."""
-    chunk = _new(_DataChunk)
-    chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol, chunk.user_data = fields
-    await self._receive_data_chunk(chunk)
+    right CRC32c and one chunk, given as its fields (engine/p2p/native): six for a DATA chunk, four for
+    a SACK. What follows the parse is ``_handle_data``'s own path for such a packet."""
+    if len(fields) == 6:
+        chunk = _new(_DataChunk)
+        chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol, chunk.user_data = fields
+        await self._receive_data_chunk(chunk)
+    else:
+        sack = _new(_SackChunk)
+        sack.flags = 0
+        sack.cumulative_tsn, sack.advertised_rwnd, sack.gaps, sack.duplicates = fields
+        await self._receive_sack_chunk(sack)
     if self._sack_needed:
         await self._send_sack()
 

@@ -24,8 +24,9 @@ native: $(STAMP)
 run: $(STAMP) native
 	$(BIN)/lah demo $$( [ -n "$$DISPLAY$$WAYLAND_DISPLAY" ] && echo --app )
 
-test: $(STAMP) native
+test: $(STAMP)
 	bash scripts/services
+	$(MAKE) native  # after the services: they install the compiler and headers it needs
 	$(BIN)/pip install --quiet -e '.[dev,nat]'
 	# axe-core (pinned in tests/ui_pages/package.json) for the site's accessibility test.
 	cd tests/ui_pages && npm ci --no-audit --no-fund --silent

@@ -55,7 +55,9 @@ Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this
    through the cffi bindings without pyOpenSSL's per-call wrappers (no exception per empty BIO read),
    datagrams straight to the nominated UDP pair's transport and straight from aioice's queue. Same
    OpenSSL calls in the same order: same bytes on the wire. Also hashes the pyOpenSSL and aioice
-   internals it relies on; any mismatch leaves this group stock.
+   internals it relies on; any mismatch leaves this group stock. Where the compiled layer
+   (:mod:`engine.p2p.native`) loaded, records, SCTP packets and their ``sendto`` leave Python
+   altogether once the peer's first record arrives (:mod:`.dtls`'s docstring).
 
 Figures (benchmarks/sctp_probe.py, 32 MiB, 2 noisy cores; CPU ms per MiB, both processes, median of
 3): stock asyncio 64 KiB 100 (1 run); patched+uvloop 1-5: 64 KiB 55, 256 KiB 59. Earlier sender fast

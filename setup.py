@@ -16,13 +16,13 @@ setup(
     ext_modules=[
         Extension(
             "engine.p2p.native._records",
-            ["engine/p2p/native/_records.c", "engine/p2p/native/sctp_packet.c"],
+            ["engine/p2p/native/_records.c", "engine/p2p/native/sctp_calls.c", "engine/p2p/native/sctp_packet.c"],
             # Windows: OpenSSL's import library is libcrypto, and sendto/inet_pton live in Winsock.
             libraries=["libcrypto", "ws2_32"] if sys.platform == "win32" else ["crypto"],
             include_dirs=[os.path.join(openssl, "include")] if openssl else [],
             library_dirs=[os.path.join(openssl, "lib")] if openssl else [],
-            depends=["engine/p2p/native/sctp_packet.h"],
-            extra_compile_args=[] if sys.platform == "win32" else ["-O2", "-Wall"],
+            depends=["engine/p2p/native/records.h", "engine/p2p/native/sctp_packet.h"],
+            extra_compile_args=[] if sys.platform == "win32" else ["-O2", "-Wall", "-fvisibility=hidden"],
             optional=True,
         )
     ]

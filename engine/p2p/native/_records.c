@@ -1,38 +1,7 @@
 /* DTLS 1.2 application-data records sealed, opened and sent in C: engine.p2p.native._records.
  * Why, and what stays in OpenSSL: module_doc below (it is also the module's __doc__). */
-#define PY_SSIZE_T_CLEAN
-#include <Python.h>
-#include <structmember.h>
-
-#include <errno.h>
-#include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
-
-#ifdef _WIN32
-#include <winsock2.h>
-#include <ws2tcpip.h>
-#else
-#include <arpa/inet.h>
-#include <net/if.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#endif
-
-#include <openssl/crypto.h>
-#include <openssl/evp.h>
-
+#include "records.h"
 #include "sctp_packet.h"
-
-#define HEADER 13     /* type(1) version(2) epoch(2) seq(6) length(2) */
-#define TAG 16
-#define EXPLICIT 8    /* AES-GCM's explicit nonce in each record */
-#define MAX_PLAIN 16384
-#define MAX_RECORD (HEADER + EXPLICIT + MAX_PLAIN + TAG)
-#define SEQ_MAX ((((uint64_t)1) << 48) - 1)
-#define WINDOW 64
-#define APPLICATION_DATA 23
-
 static const char module_doc[] =
     "DTLS 1.2 application-data records sealed, opened and sent in C.\n\n"
     "After the handshake every ~1.2 kB SCTP packet of a data channel cost ~17 us of Python in\n"
@@ -44,25 +13,7 @@ static const char module_doc[] =
     "RFC 6347 DTLS 1.2 with RFC 5288 AES-GCM (explicit nonce = epoch || seq, as OpenSSL writes it)\n"
     "or RFC 7905 ChaCha20-Poly1305, so browsers and stock OpenSSL open them, and the reverse.";
 
-typedef struct {
-    PyObject_HEAD
-    EVP_CIPHER_CTX *enc;      /* keyed once in __init__; each record sets only its nonce */
-    EVP_CIPHER_CTX *dec;
-    int gcm;                  /* 1: AES-GCM (explicit nonce in the record), 0: ChaCha20-Poly1305 */
-    unsigned char write_iv[12];
-    unsigned char read_iv[12];
-    uint16_t epoch;
-    uint64_t write_seq;       /* the next to use; SEQ_MAX + 1 once used up */
-    int64_t read_top;         /* highest authenticated (or given at start); -1: none */
-    uint64_t window;          /* bit i: read_top - i seen */
-    PyObject *cipher;
-    int fd;                   /* not owned: the caller's UDP socket */
-    struct sockaddr_storage dest;
-    socklen_t dest_len;       /* 0: no destination */
-    unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short, dropped_crc;
-    unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
-    unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
-} RecordLayer;
+
 
 static void put48(unsigned char *p, uint64_t v) {
     for (int i = 5; i >= 0; i--) { p[i] = (unsigned char)(v & 0xff); v >>= 8; }
@@ -75,7 +26,7 @@ static uint64_t get48(const unsigned char *p) {
 }
 
 /* An object made by __new__ alone has no cipher contexts; OpenSSL would crash on them. */
-static int ready(const RecordLayer *self) {
+int rl_ready(const RecordLayer *self) {
     if (self->enc && self->dec) return 1;
     PyErr_SetString(PyExc_RuntimeError, "RecordLayer.__init__ was not called");
     return 0;
@@ -105,7 +56,7 @@ static void aad(unsigned char out[13], const unsigned char *epoch_seq, int type,
 }
 
 /* Seal payload into self->buf; the record's length, or -1 with a Python error set. */
-static Py_ssize_t seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type) {
+Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type) {
     if (len > MAX_PLAIN) {
         PyErr_Format(PyExc_ValueError, "a DTLS record holds at most %d bytes, got %zd", MAX_PLAIN, len);
         return -1;
@@ -184,13 +135,13 @@ static int payload_args(const char *fname, PyObject *const *args, Py_ssize_t nar
 static PyObject *seal(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     Py_buffer p;
     int type;
-    if (!ready(self) || payload_args("seal", args, nargs, kwnames, &p, &type) < 0) return NULL;
-    Py_ssize_t n = seal_into(self, p.buf, p.len, type);
+    if (!rl_ready(self) || payload_args("seal", args, nargs, kwnames, &p, &type) < 0) return NULL;
+    Py_ssize_t n = rl_seal_into(self, p.buf, p.len, type);
     PyBuffer_Release(&p);
     return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)self->buf, n);
 }
 
-static int no_destination(RecordLayer *self) {
+int rl_no_destination(RecordLayer *self) {
     if (self->dest_len) return 0;
     PyErr_SetString(PyExc_RuntimeError, "no destination: call set_destination first");
     return 1;
@@ -198,7 +149,7 @@ static int no_destination(RecordLayer *self) {
 
 /* Send the record in buf. From here its sequence number is spent whatever sendto says: it must never be
  * sealed twice. None when sent; the record as bytes when the socket's buffer is full. */
-static PyObject *send_record(RecordLayer *self, Py_ssize_t n) {
+PyObject *rl_send_record(RecordLayer *self, Py_ssize_t n) {
 #ifdef _WIN32
     int sent = sendto((SOCKET)self->fd, (const char *)self->buf, (int)n, 0, (struct sockaddr *)&self->dest,
                       self->dest_len);
@@ -225,89 +176,14 @@ static PyObject *send_record(RecordLayer *self, Py_ssize_t n) {
 static PyObject *seal_send(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames) {
     Py_buffer p;
     int type;
-    if (!ready(self) || payload_args("seal_send", args, nargs, kwnames, &p, &type) < 0) return NULL;
-    if (no_destination(self)) {
+    if (!rl_ready(self) || payload_args("seal_send", args, nargs, kwnames, &p, &type) < 0) return NULL;
+    if (rl_no_destination(self)) {
         PyBuffer_Release(&p);
         return NULL;
     }
-    Py_ssize_t n = seal_into(self, p.buf, p.len, type);
+    Py_ssize_t n = rl_seal_into(self, p.buf, p.len, type);
     PyBuffer_Release(&p);
-    return n < 0 ? NULL : send_record(self, n);
-}
-
-/* --- SCTP packets built here (sctp_packet.c), sealed and sent in the same call ------------------- */
-
-static int sctp_header_ok(unsigned long long src, unsigned long long dst, unsigned long long vtag) {
-    if (src <= 0xffff && dst <= 0xffff && vtag <= 0xffffffffull) return 1;
-    PyErr_SetString(PyExc_ValueError, "SCTP ports are 16 bits and the verification tag 32");
-    return 0;
-}
-
-/* (src, dst, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data) -> a DATA packet in pkt. */
-static Py_ssize_t data_packet_into(unsigned char *pkt, PyObject *args) {
-    unsigned long long src, dst, vtag, flags, tsn, sid, ssn, ppid;
-    Py_buffer d;
-    if (!PyArg_ParseTuple(args, "KKKKKKKKy*", &src, &dst, &vtag, &flags, &tsn, &sid, &ssn, &ppid, &d)) return -1;
-    Py_ssize_t n = -1;
-    if (!sctp_header_ok(src, dst, vtag)) {
-    } else if (flags > 0xff || tsn > 0xffffffffull || sid > 0xffff || ssn > 0xffff || ppid > 0xffffffffull) {
-        PyErr_SetString(PyExc_ValueError, "DATA fields out of range (flags 8 bits, TSN 32, stream 16, SSN 16, PPID 32)");
-    } else if (d.len > MAX_PLAIN - SCTP_COMMON_HEADER - SCTP_DATA_HEADER - 3) {
-        PyErr_Format(PyExc_ValueError, "a DATA chunk here carries at most %d bytes",
-                     MAX_PLAIN - SCTP_COMMON_HEADER - SCTP_DATA_HEADER - 3);
-    } else {
-        n = (Py_ssize_t)sctp_data_packet(pkt, (unsigned)src, (unsigned)dst, (uint32_t)vtag, (unsigned)flags,
-                                         (uint32_t)tsn, (unsigned)sid, (unsigned)ssn, (uint32_t)ppid, d.buf,
-                                         (size_t)d.len);
-    }
-    PyBuffer_Release(&d);
-    return n;
-}
-
-/* (src, dst, vtag, chunk) -> a packet of that serialized chunk in pkt. */
-static Py_ssize_t packet_into(unsigned char *pkt, PyObject *args) {
-    unsigned long long src, dst, vtag;
-    Py_buffer c;
-    if (!PyArg_ParseTuple(args, "KKKy*", &src, &dst, &vtag, &c)) return -1;
-    Py_ssize_t n = -1;
-    if (!sctp_header_ok(src, dst, vtag)) {
-    } else if (c.len > MAX_PLAIN - SCTP_COMMON_HEADER) {
-        PyErr_Format(PyExc_ValueError, "an SCTP packet here carries at most %d bytes of chunk",
-                     MAX_PLAIN - SCTP_COMMON_HEADER);
-    } else {
-        n = (Py_ssize_t)sctp_packet(pkt, (unsigned)src, (unsigned)dst, (uint32_t)vtag, c.buf, (size_t)c.len);
-    }
-    PyBuffer_Release(&c);
-    return n;
-}
-
-static PyObject *send_built(RecordLayer *self, Py_ssize_t n) {
-    if (n < 0) return NULL;
-    n = seal_into(self, self->pkt, n, APPLICATION_DATA);
-    return n < 0 ? NULL : send_record(self, n);
-}
-
-static PyObject *send_data_chunk(RecordLayer *self, PyObject *args) {
-    if (!ready(self) || no_destination(self)) return NULL;
-    return send_built(self, data_packet_into(self->pkt, args));
-}
-
-static PyObject *send_packet(RecordLayer *self, PyObject *args) {
-    if (!ready(self) || no_destination(self)) return NULL;
-    return send_built(self, packet_into(self->pkt, args));
-}
-
-/* The same packets, unsealed: what the tests hold against aiortc's serialize_packet. */
-static PyObject *data_packet(PyObject *m, PyObject *args) {
-    static unsigned char pkt[MAX_PLAIN];
-    Py_ssize_t n = data_packet_into(pkt, args);
-    return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)pkt, n);
-}
-
-static PyObject *packet(PyObject *m, PyObject *args) {
-    static unsigned char pkt[MAX_PLAIN];
-    Py_ssize_t n = packet_into(pkt, args);
-    return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)pkt, n);
+    return n < 0 ? NULL : rl_send_record(self, n);
 }
 
 /* RFC 6347 4.1.2.6: 1 when seq was seen or is older than the window, 0 when it may be new. */
@@ -332,22 +208,22 @@ static void mark(RecordLayer *self, uint64_t seq) {
 }
 
 /* RFC 6347 4.1.2.1: invalid records are dropped silently; b"" tells the caller "mine, nothing to deliver". */
-static PyObject *dropped(unsigned long long *counter) {
+PyObject *rl_dropped(unsigned long long *counter) {
     (*counter)++;
     return PyBytes_FromStringAndSize(NULL, 0);
 }
 
 /* A new reference: None (OpenSSL's record), b"" (ours, dropped) or the plaintext. Reads only h[0..len). */
-static PyObject *open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize_t len) {
+PyObject *rl_open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize_t len) {
     if (len < HEADER || h[0] != APPLICATION_DATA || h[1] != 0xfe || h[2] != 0xfd ||
         (((unsigned)h[3] << 8) | h[4]) != self->epoch || (((Py_ssize_t)h[11] << 8) | h[12]) != len - HEADER)
         Py_RETURN_NONE;
     Py_ssize_t explicit_len = self->gcm ? EXPLICIT : 0, plain_len = len - HEADER - explicit_len - TAG;
-    if (plain_len < 0) return dropped(&self->dropped_short);
+    if (plain_len < 0) return rl_dropped(&self->dropped_short);
     /* Longer than any conforming peer seals (RFC 5246 6.2.3, record_overflow): a forgery. */
-    if (plain_len > MAX_PLAIN) return dropped(&self->dropped_auth);
+    if (plain_len > MAX_PLAIN) return rl_dropped(&self->dropped_auth);
     uint64_t seq = get48(h + 5);
-    if (replayed(self, seq)) return dropped(&self->dropped_replay);  /* before decrypting: costs no AEAD */
+    if (replayed(self, seq)) return rl_dropped(&self->dropped_replay);  /* before decrypting: costs no AEAD */
     const unsigned char *ct = h + HEADER + explicit_len;
     unsigned char ad[13], iv[12];
     aad(ad, h + 3, APPLICATION_DATA, plain_len);
@@ -363,89 +239,17 @@ static PyObject *open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize
         EVP_CIPHER_CTX_ctrl(self->dec, EVP_CTRL_AEAD_SET_TAG, TAG, (void *)(ct + plain_len)) != 1 ||
         EVP_DecryptFinal_ex(self->dec, plain + n, &m) != 1) {
         Py_DECREF(out);
-        return dropped(&self->dropped_auth);
+        return rl_dropped(&self->dropped_auth);
     }
     mark(self, seq);
     self->opened++;
     return out;
 }
 
-static uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-
-static Py_ssize_t sack_counts_fit(const unsigned char *c, Py_ssize_t length) {
-    return 16 + 4 * ((c[12] << 8 | c[13]) + (c[14] << 8 | c[15])) == length;
-}
-
-/* A SACK chunk (RFC 9260 3.3.4) whose gap and duplicate counts fill its length exactly, as
- * (cumulative_tsn, a_rwnd, [(gap start, gap end)...], [duplicate TSNs]): aiortc's SackChunk fields. */
-static PyObject *sack_fields(const unsigned char *c) {
-    Py_ssize_t gaps = c[12] << 8 | c[13], dups = c[14] << 8 | c[15];
-    PyObject *g = PyList_New(gaps), *d = PyList_New(dups);
-    if (!g || !d) goto fail;
-    const unsigned char *q = c + 16;
-    for (Py_ssize_t i = 0; i < gaps; i++, q += 4) {
-        PyObject *t = Py_BuildValue("(II)", (unsigned)(q[0] << 8 | q[1]), (unsigned)(q[2] << 8 | q[3]));
-        if (!t) goto fail;
-        PyList_SET_ITEM(g, i, t);
-    }
-    for (Py_ssize_t i = 0; i < dups; i++, q += 4) {
-        PyObject *v = PyLong_FromUnsignedLong((unsigned long)rd32(q));
-        if (!v) goto fail;
-        PyList_SET_ITEM(d, i, v);
-    }
-    return Py_BuildValue("(kkNN)", (unsigned long)rd32(c + 4), (unsigned long)rd32(c + 8), g, d);
-fail:
-    Py_XDECREF(g);
-    Py_XDECREF(d);
-    return NULL;
-}
-
-/* open(), then the common cases parsed here: a packet with our verification tag, a right CRC32c and
- * exactly one DATA chunk comes back as (flags, tsn, stream_id, stream_seq, ppid, user_data), the fields
- * aiortc's DataChunk holds; one SACK chunk as sack_fields' 4-tuple (the sender's common packet). A wrong CRC is dropped (b"", as aiortc's parse drops it); any
- * other packet comes back as its bytes for aiortc's parser. */
-static PyObject *open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs) {
-    unsigned long long vtag;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "open_data(datagram, verification_tag)");
-        return NULL;
-    }
-    vtag = PyLong_AsUnsignedLongLong(args[1]);
-    if (vtag == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    Py_buffer d;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *plain = ready(self) ? open_buffer(self, d.buf, d.len) : NULL;
-    PyBuffer_Release(&d);
-    if (!plain || !PyBytes_Check(plain)) return plain;
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(plain);
-    Py_ssize_t n = PyBytes_GET_SIZE(plain);
-    if (n < SCTP_COMMON_HEADER) return plain;  /* b"" (dropped) or too short: aiortc's parser says so */
-    if (!sctp_checksum_ok(p, (size_t)n)) {
-        Py_DECREF(plain);
-        return dropped(&self->dropped_crc);
-    }
-    const unsigned char *c = p + SCTP_COMMON_HEADER;
-    Py_ssize_t rest = n - SCTP_COMMON_HEADER, length = rest >= 4 ? (c[2] << 8 | c[3]) : 0;
-    /* one chunk, exactly: the packet ends with it and its padding */
-    if (rd32(p + 4) != vtag || length < 4 || length > rest || rest - length > 3) return plain;
-    PyObject *out = plain;
-    if (c[0] == 0 && length >= SCTP_DATA_HEADER) {
-        out = Py_BuildValue("(IkIIky#)", (unsigned)c[1], (unsigned long)rd32(c + 4), (unsigned)(c[8] << 8 | c[9]),
-                            (unsigned)(c[10] << 8 | c[11]), (unsigned long)rd32(c + 12),
-                            (const char *)c + SCTP_DATA_HEADER, (Py_ssize_t)(length - SCTP_DATA_HEADER));
-    } else if (c[0] == 3 && length >= 16 && sack_counts_fit(c, length)) {
-        out = sack_fields(c);  /* any other SACK (counts that disagree) is aiortc's to judge */
-    }
-    if (out != plain) Py_DECREF(plain);
-    return out;
-}
-
 static PyObject *open_record(RecordLayer *self, PyObject *arg) {
     Py_buffer d;
-    if (!ready(self) || PyObject_GetBuffer(arg, &d, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *result = open_buffer(self, d.buf, d.len);
+    if (!rl_ready(self) || PyObject_GetBuffer(arg, &d, PyBUF_SIMPLE) < 0) return NULL;
+    PyObject *result = rl_open_buffer(self, d.buf, d.len);
     PyBuffer_Release(&d);
     return result;
 }
@@ -619,7 +423,7 @@ static PyMethodDef methods[] = {
      "Seal and sendto in one call, with no bytes object on the way: the per-packet send path.\n"
      "None when sent; the record when the socket's buffer is full (EAGAIN, ENOBUFS), for the caller\n"
      "to queue on its transport. Other errors raise OSError; the sequence number stays spent."},
-    {"open_data", (PyCFunction)(void (*)(void))open_data, METH_FASTCALL,
+    {"open_data", (PyCFunction)(void (*)(void))rl_open_data, METH_FASTCALL,
      "open_data(datagram, verification_tag) -> tuple | bytes | None\n\n"
      "open(), and for the receiver's common case (our tag, a right CRC32c, one DATA chunk) the chunk's\n"
      "(flags, tsn, stream_id, stream_seq, ppid, user_data) instead of the packet: aiortc's parse_packet\n"
@@ -629,13 +433,13 @@ static PyMethodDef methods[] = {
      "None: not exactly one application-data record of this epoch, so OpenSSL's to handle (alerts,\n"
      "handshake, a new epoch). b'': this layer's record but a replay, too short or forged, dropped and\n"
      "counted (RFC 6347 says drop silently). Else the plaintext. Never raises on any bytes."},
-    {"send_data_chunk", (PyCFunction)send_data_chunk, METH_VARARGS,
+    {"send_data_chunk", (PyCFunction)rl_send_data_chunk, METH_VARARGS,
      "send_data_chunk(src_port, dst_port, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data)\n"
      "-> bytes | None\n\n"
      "The SCTP packet of one DATA chunk, the bytes aiortc's serialize_packet writes (CRC32c included),\n"
      "built, sealed and sent in one call: SCTP's per-packet send without a Python step. Returns as\n"
      "seal_send does."},
-    {"send_packet", (PyCFunction)send_packet, METH_VARARGS,
+    {"send_packet", (PyCFunction)rl_send_packet, METH_VARARGS,
      "send_packet(src_port, dst_port, vtag, chunk) -> bytes | None\n\n"
      "The same for a chunk already serialized (a SACK, a HEARTBEAT...)."},
     {"set_destination", (PyCFunction)set_destination, METH_VARARGS,
@@ -685,10 +489,10 @@ static PyObject *openssl_version(PyObject *m, PyObject *unused) {
 static PyMethodDef module_methods[] = {
     {"openssl_version", openssl_version, METH_NOARGS,
      "openssl_version() -> str\n\nThe libcrypto this runs on, for About, --self-test and logs."},
-    {"data_packet", data_packet, METH_VARARGS,
+    {"data_packet", rl_data_packet, METH_VARARGS,
      "data_packet(src_port, dst_port, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data) -> bytes\n\n"
      "The unsealed packet send_data_chunk sends (tests hold it against aiortc's serialize_packet)."},
-    {"packet", packet, METH_VARARGS,
+    {"packet", rl_packet, METH_VARARGS,
      "packet(src_port, dst_port, vtag, chunk) -> bytes\n\nThe unsealed packet send_packet sends."},
     {NULL}};
 

@@ -1,0 +1,73 @@
+/* What the extension's two C files share: the RecordLayer object, and the record calls that the SCTP
+ * side (sctp_calls.c) makes into the record side (_records.c). Internal to engine.p2p.native._records. */
+#ifndef LAH_RECORDS_H
+#define LAH_RECORDS_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef _WIN32
+#include <winsock2.h>
+#include <ws2tcpip.h>
+#else
+#include <arpa/inet.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#endif
+
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+
+
+#define HEADER 13     /* type(1) version(2) epoch(2) seq(6) length(2) */
+#define TAG 16
+#define EXPLICIT 8    /* AES-GCM's explicit nonce in each record */
+#define MAX_PLAIN 16384
+#define MAX_RECORD (HEADER + EXPLICIT + MAX_PLAIN + TAG)
+#define SEQ_MAX ((((uint64_t)1) << 48) - 1)
+#define WINDOW 64
+#define APPLICATION_DATA 23
+
+typedef struct {
+    PyObject_HEAD
+    EVP_CIPHER_CTX *enc;      /* keyed once in __init__; each record sets only its nonce */
+    EVP_CIPHER_CTX *dec;
+    int gcm;                  /* 1: AES-GCM (explicit nonce in the record), 0: ChaCha20-Poly1305 */
+    unsigned char write_iv[12];
+    unsigned char read_iv[12];
+    uint16_t epoch;
+    uint64_t write_seq;       /* the next to use; SEQ_MAX + 1 once used up */
+    int64_t read_top;         /* highest authenticated (or given at start); -1: none */
+    uint64_t window;          /* bit i: read_top - i seen */
+    PyObject *cipher;
+    int fd;                   /* not owned: the caller's UDP socket */
+    struct sockaddr_storage dest;
+    socklen_t dest_len;       /* 0: no destination */
+    unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short, dropped_crc;
+    unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
+    unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
+} RecordLayer;
+
+/* The record side (_records.c). */
+int rl_ready(const RecordLayer *self);
+int rl_no_destination(RecordLayer *self);
+Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type);
+PyObject *rl_send_record(RecordLayer *self, Py_ssize_t n);
+PyObject *rl_open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize_t len);
+PyObject *rl_dropped(unsigned long long *counter);
+
+/* The SCTP side (sctp_calls.c): methods and module functions the tables in _records.c list. */
+PyObject *rl_send_data_chunk(RecordLayer *self, PyObject *args);
+PyObject *rl_send_packet(RecordLayer *self, PyObject *args);
+PyObject *rl_open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs);
+PyObject *rl_data_packet(PyObject *m, PyObject *args);
+PyObject *rl_packet(PyObject *m, PyObject *args);
+
+#endif

@@ -16,7 +16,7 @@ setup(
     ext_modules=[
         Extension(
             "engine.p2p.native._records",
-            ["engine/p2p/native/_records.c", "engine/p2p/native/sctp_calls.c", "engine/p2p/native/sctp_packet.c"],
+            [f"engine/p2p/native/{name}.c" for name in ("_records", "sctp_calls", "sctp_packet")],
             # Windows: OpenSSL's import library is libcrypto, and sendto/inet_pton live in Winsock.
             libraries=["libcrypto", "ws2_32"] if sys.platform == "win32" else ["crypto"],
             include_dirs=[os.path.join(openssl, "include")] if openssl else [],

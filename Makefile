@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The compiled DTLS record layer (engine/p2p/native/_records.c, against OpenSSL's libcrypto). Optional:
-# where it does not build, setup.py warns and the node runs the Python path (About and --self-test say so).
+# The compiled data path (engine/p2p/native/*.c: DTLS records and SCTP packets, against OpenSSL's
+# libcrypto). Optional: where it does not build, setup.py warns and the node runs the Python path
+# (About and --self-test say so).
 native: $(STAMP)
 	$(BIN)/python setup.py --quiet build_ext --inplace
 

@@ -59,6 +59,7 @@ _stock_send_chunk: Callable[[Any, Any], Any] = sctp.RTCSctpTransport._send_chunk
 _DataChunk = sctp.DataChunk
 _sctp_logger = logging.getLogger("aiortc.rtcsctptransport")
 _BUFSIZE = 1500  # aiortc's read size for both directions
+_NONE_SEEN = (0, -1)  # (epoch, sequence number) before any record
 _SSL_read = _lib.SSL_read
 _SSL_write = _lib.SSL_write
 _BIO_read = _lib.BIO_read
@@ -167,7 +168,7 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
     module = _native_records()
     ssl = f.ssl
     tx_epoch, tx_seq = self._lah_tx_top
-    rx_top = self.__dict__.get("_lah_rx_top", (0, -1))
+    rx_top = self.__dict__.get("_lah_rx_top", _NONE_SEEN)
     if module is None or ssl.get_protocol_version_name() != "DTLSv1.2":
         return
     if tx_epoch != rx_epoch or tx_epoch < 1:
@@ -179,7 +180,8 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
         ssl.server_random(),
         self._role == "client",
     )
-    if keys is None:
+    pair = f.conn._nominated.get(1)
+    if keys is None or pair is None:
         return
     rl = module.RecordLayer(
         keys.cipher,
@@ -191,10 +193,6 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
         tx_seq + 1,
         rx_top[1] if rx_top[0] == rx_epoch else -1,
     )
-    pair = f.conn._nominated.get(1)
-    if pair is None:
-        return
-    f.direct = False
     if type(pair.protocol) is _StunProtocol and pair.protocol.transport is not None:
         sock = pair.protocol.transport.get_extra_info("socket")
         if sock is not None:
@@ -220,7 +218,7 @@ async def write_ssl(self: Any) -> None:
         except SSL.Error:
             data = b""
         if data:
-            self._lah_tx_top = _top(data, self.__dict__.get("_lah_tx_top", (0, -1)))
+            self._lah_tx_top = _top(data, self.__dict__.get("_lah_tx_top", _NONE_SEEN))
             await self.transport._send(data)
             self._RTCDtlsTransport__tx_bytes += len(data)
             self._RTCDtlsTransport__tx_packets += 1
@@ -237,16 +235,10 @@ async def send_data(self: Any, data: bytes) -> None:
         if pair is None:
             raise ConnectionError("Cannot send data, not connected")
         if pair is f.pair and f.direct:
-            try:
-                left = rl.seal_send(data)
-            except OSError:  # as the UDP transport would: reported, not raised; the packet is lost
-                left = None
-            if left is not None:  # the socket's buffer was full: the transport queues it
-                pair.protocol.transport.sendto(left, pair.remote_addr)
+            _sent(self, f, pair, rl.seal_send, (data,), len(data))
         else:
             await _send_datagram(f.conn, rl.seal(data))
-        self._RTCDtlsTransport__tx_bytes += len(data) + f.overhead
-        self._RTCDtlsTransport__tx_packets += 1
+            _count(self, f, len(data))
         return
     n = _SSL_write(f.ssl_ptr, data, len(data))
     if n <= 0:
@@ -254,10 +246,30 @@ async def send_data(self: Any, data: bytes) -> None:
     await _flush(self, f)
 
 
+def _sent(transport: Any, f: _Fast, pair: Any, send: Any, args: tuple[Any, ...], size: int) -> None:
+    """One compiled ``send(*args)`` on the direct pair, counted as ``size`` bytes of record payload.
+
+    An OSError is reported, not raised, as the UDP transport would (the packet is lost and SCTP's
+    recovery resends it); a record handed back because the socket's buffer was full is queued on the
+    transport."""
+    try:
+        left = send(*args)
+    except OSError:
+        left = None
+    if left is not None:
+        pair.protocol.transport.sendto(left, pair.remote_addr)
+    _count(transport, f, size)
+
+
+def _count(transport: Any, f: _Fast, size: int) -> None:
+    transport._RTCDtlsTransport__tx_bytes += size + f.overhead
+    transport._RTCDtlsTransport__tx_packets += 1
+
+
 def _open(rl: Any, data: bytes, sctp_transport: Any) -> Any:
     """The record opened; with SCTP's packet parsed too where the receiver takes it that way (the
     association is ours and aiortc's debug log, which prints every chunk, is off)."""
-    if sctp_transport is None or _sctp_logger.isEnabledFor(10):
+    if sctp_transport is None or _sctp_logger.isEnabledFor(logging.DEBUG):
         return rl.open(data)
     return rl.open_data(data, sctp_transport._local_verification_tag)
 
@@ -297,7 +309,7 @@ async def recv_next(self: Any) -> None:
                 await self._data_receiver._handle_data(plain)
         else:
             if f.track:
-                self._lah_rx_top = _top(data, self.__dict__.get("_lah_rx_top", (0, -1)))
+                self._lah_rx_top = _top(data, self.__dict__.get("_lah_rx_top", _NONE_SEEN))
             n = _BIO_write(f.into, data, len(data))
             if n <= 0:
                 f.ssl._handle_bio_errors(f.into, n)  # raises, as pyOpenSSL's bio_write does
@@ -360,38 +372,22 @@ async def send_chunk(self: Any, chunk: Any) -> None:
     transport = self._RTCSctpTransport__transport
     f = transport.__dict__.get("_lah_fast")
     rl = None if f is None else f.native
-    if rl is None or not f.direct or transport._state is not _CONNECTED or _sctp_logger.isEnabledFor(10):
+    debug = _sctp_logger.isEnabledFor(logging.DEBUG)  # stock logs every chunk
+    if rl is None or not f.direct or transport._state is not _CONNECTED or debug:
         await _stock_send_chunk(self, chunk)
         return
     pair = f.conn._nominated.get(1)
     if pair is not f.pair:  # no longer the pair the layer sends to: send_data decides
         await _stock_send_chunk(self, chunk)
         return
-    try:
-        if type(chunk) is _DataChunk:
-            data = chunk.user_data
-            size = 28 + len(data) + (-len(data) & 3)
-            left = rl.send_data_chunk(
-                self._local_port,
-                self._remote_port,
-                self._remote_verification_tag,
-                chunk.flags,
-                chunk.tsn,
-                chunk.stream_id,
-                chunk.stream_seq,
-                chunk.protocol,
-                data,
-            )
-        else:
-            body = bytes(chunk)
-            size = 12 + len(body)
-            left = rl.send_packet(self._local_port, self._remote_port, self._remote_verification_tag, body)
-    except OSError:  # as in send_data: the packet is lost, SCTP's recovery resends it
-        left = None
-    if left is not None:
-        pair.protocol.transport.sendto(left, pair.remote_addr)
-    transport._RTCDtlsTransport__tx_bytes += size + f.overhead
-    transport._RTCDtlsTransport__tx_packets += 1
+    ports = (self._local_port, self._remote_port, self._remote_verification_tag)
+    if type(chunk) is _DataChunk:
+        data = chunk.user_data
+        fields = (chunk.flags, chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol, data)
+        _sent(transport, f, pair, rl.send_data_chunk, (*ports, *fields), 28 + len(data) + (-len(data) & 3))
+    else:
+        body = bytes(chunk)
+        _sent(transport, f, pair, rl.send_packet, (*ports, body), 12 + len(body))
 
 
 def record_layer(dtls_transport: Any) -> str:

@@ -1,10 +1,11 @@
 """One hosted expert: its module, its optimizer, its request batching and its activation cache.
 
-Forward requests run under ``torch.inference_mode`` (no autograd graph kept: a host serves many
-trainers and cannot hold their graphs). Their inputs go into the :class:`ActivationCache` instead, so
-the backward request brings only the output gradient; the host recomputes the forward pass with grad on
-the cached inputs, backpropagates, returns the input gradient and applies a local optimizer step: the
+Forward requests keep their inputs and, by default, their autograd graph in the :class:`ActivationCache`
+(:mod:`.graphs`: the bytes autograd saved count against the cache's budget, and what does not fit, or
+is evicted, is recomputed from the inputs), so the backward request brings only the output gradient;
+the host backpropagates, returns the input gradient and applies a local optimizer step: the
 asynchronous training of Learning@home, where each expert updates itself from the gradients it gets.
+With ``keep_graphs=False`` forwards run under ``torch.inference_mode`` and every backward recomputes.
 
 Everything a peer sends is checked here before it reaches a batch (shape against the spec, dtype, finite
 values): one malformed request must fail alone with ``bad_input``, not poison the batch it joins.
@@ -26,6 +27,8 @@ from .batching import DutyCycle, TaskPool
 from .cache import ActivationCache
 from .checkpoint import Checkpoint, restore_state, snapshot_state
 from .errors import BadInput, ExpertUnavailable, InputsEvicted
+from .graphs import BackwardRequest, GraphSlice, forward_keeping_graph
+from .graphs import backward as graph_backward
 from .registry import ExpertSpec, build, input_shape
 
 __all__ = ["ALLOWED_DTYPES", "BackendStats", "ExpertBackend", "default_device"]
@@ -52,6 +55,7 @@ class BackendStats:
     errors: int = 0
     steps: int = 0
     inputs_evicted: int = 0
+    recomputed_samples: int = 0  # backward samples whose forward ran again (no kept graph)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -75,15 +79,17 @@ class ExpertBackend:
         max_request_samples: int = 4096,
         seed: int | None = None,
         duty: DutyCycle | None = None,
+        keep_graphs: bool = True,
     ) -> None:
         self.uid = uid
+        self.keep_graphs = keep_graphs
         self.spec = spec
         self.device = torch.device(device) if device is not None else default_device()
         self.input_shape = input_shape(spec)
         if seed is not None:
             torch.manual_seed(seed)
         # train() mode on purpose: there is no dropout, and TransformerEncoderLayer's eval-mode fast path
-        # would make the inference forward differ (slightly) from the recomputation done for backward.
+        # would make an inference forward differ (slightly) from the recomputation done for backward.
         self.module = build(spec).to(self.device).train()
         self.optimizer = torch.optim.Adam(self.module.parameters(), lr=lr)
         self.max_grad_norm = max_grad_norm
@@ -101,11 +107,12 @@ class ExpertBackend:
         )
         self.backward_pool = TaskPool(
             f"{uid}.bwd",
-            self._backward_batch,
+            self._backward_requests,
             self.executor,
             max_batch_size=max_batch_size,
             max_wait_s=max_wait_s,
             duty=duty,
+            batched=False,  # requests carry their graphs, which do not concatenate
         )
         self.stats = BackendStats()
         self.closed = False
@@ -118,11 +125,15 @@ class ExpertBackend:
         try:
             await self._check_inputs(inputs, "inputs")
             _check_activation_id(activation_id)
-            (outputs,) = await self.forward_pool.submit(inputs)
+            outputs: torch.Tensor
+            outputs, *kept = await self.forward_pool.submit(inputs)
         except Exception:
             self.stats.errors += 1
             raise
-        self.cache.put(self._key(peer_id, activation_id), inputs)
+        key = self._key(peer_id, activation_id)
+        size = inputs.numel() * inputs.element_size()
+        if not kept or not self.cache.put(key, (inputs, kept[0]), size + kept[0].nbytes):
+            self.cache.put(key, (inputs, None), size)  # no graph, or no room for it: recompute later
         self.stats.forward_requests += 1
         self.stats.forward_samples += int(inputs.shape[0])
         return outputs
@@ -135,11 +146,14 @@ class ExpertBackend:
         try:
             _check_activation_id(activation_id)
             await self._check_inputs(grad_outputs, "grad_outputs")
-            cached = self.cache.pop(self._key(peer_id, activation_id))
+            cached: tuple[torch.Tensor, GraphSlice | None] | None = self.cache.pop(
+                self._key(peer_id, activation_id)
+            )
+            kept = None
             if inputs is not None:
                 await self._check_inputs(inputs, "inputs")
-            else:
-                inputs = cached
+            elif cached is not None:
+                inputs, kept = cached
             if inputs is None:
                 self.stats.inputs_evicted += 1
                 raise InputsEvicted(
@@ -149,7 +163,8 @@ class ExpertBackend:
                 raise BadInput(
                     f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(inputs.shape)}"
                 )
-            (grad_inputs,) = await self.backward_pool.submit(inputs, grad_outputs)
+            grad_inputs: torch.Tensor
+            (grad_inputs,) = await self.backward_pool.submit(grad_outputs, inputs, kept)
         except Exception:
             self.stats.errors += 1
             raise
@@ -189,24 +204,24 @@ class ExpertBackend:
 
     # -- compute (worker thread) -----------------------------------------------------------------
 
-    def _forward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
+    def _forward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[Any]:
+        x = args[0].to(self.device, torch.float32)
+        if self.keep_graphs:
+            y, graph = forward_keeping_graph(self.module, x)
+            return [y.to("cpu"), graph]
         with torch.inference_mode():
-            x = args[0].to(self.device, torch.float32)
             return [self.module(x).to("cpu")]
 
-    def _backward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[torch.Tensor]:
-        x = args[0].to(self.device, torch.float32).requires_grad_(True)
-        grad_out = args[1].to(self.device, torch.float32)
-        with torch.enable_grad():
-            out = self.module(x)
-            self.optimizer.zero_grad(set_to_none=True)
-            out.backward(grad_out)
-        assert x.grad is not None
+    def _backward_requests(self, requests: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor]]:
+        """One optimizer step for a backward batch: kept graphs where they live, else recomputed."""
+        self.optimizer.zero_grad(set_to_none=True)
+        grads, recomputed = graph_backward(self.module, [BackwardRequest(*r) for r in requests], self.device)
         if self.max_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(self.module.parameters(), self.max_grad_norm)
         self.optimizer.step()
         self.stats.steps += 1  # one writer: this worker thread
-        return [x.grad.to("cpu")]
+        self.stats.recomputed_samples += recomputed
+        return [(g.to("cpu"),) for g in grads]
 
     # -- state -----------------------------------------------------------------------------------
 

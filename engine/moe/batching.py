@@ -21,23 +21,27 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from .errors import ExpertUnavailable
 
-__all__ = ["BatchFn", "TaskPool"]
+__all__ = ["BatchFn", "RequestsFn", "TaskPool"]
 
 logger = logging.getLogger(__name__)
 
-#: Runs one batch: gets each argument position's batched tensor, returns outputs batched along dim 0.
-BatchFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+#: Runs one batch: gets each argument position's batched tensor, returns outputs batched along dim 0
+#: (a tensor, or an object whose ``split(sizes)`` gives each request its part, as a kept graph does).
+BatchFn = Callable[[Sequence[torch.Tensor]], Sequence[Any]]
+#: Runs one batch of requests as they came (``TaskPool(batched=False)``): one output tuple per request.
+RequestsFn = Callable[[list[tuple[Any, ...]]], list[tuple[Any, ...]]]
 
 
 @dataclass
 class _Task:
-    args: tuple[torch.Tensor, ...]
-    future: asyncio.Future[tuple[torch.Tensor, ...]]
+    args: tuple[Any, ...]
+    future: asyncio.Future[tuple[Any, ...]]
     size: int
     queued_at: float
 
@@ -72,16 +76,20 @@ class TaskPool:
     def __init__(
         self,
         name: str,
-        fn: BatchFn,
+        fn: BatchFn | RequestsFn,
         executor: Executor,
         *,
         max_batch_size: int = 256,
         max_wait_s: float = 0.005,
         duty: DutyCycle | None = None,
+        batched: bool = True,
     ) -> None:
+        """``batched``: ``fn`` is a :data:`BatchFn` (tensors concatenated per position, outputs split);
+        else a :data:`RequestsFn` that gets each request's arguments as they came (not all tensors)."""
         self.name = name
         self.duty = duty
         self.fn = fn
+        self.batched = batched
         self.executor = executor
         self.max_batch_size = max_batch_size
         self.max_wait_s = max_wait_s
@@ -98,8 +106,9 @@ class TaskPool:
     def pending(self) -> int:
         return len(self._queue) + (1 if self._busy else 0)
 
-    async def submit(self, *args: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Run ``fn`` on these tensors (batched with others); each must have the same dim 0 size."""
+    async def submit(self, *args: Any) -> tuple[Any, ...]:
+        """Run ``fn`` on these arguments (batched with others). The first is a tensor whose dim 0 is the
+        request's size; in a batched pool every argument is a tensor of that dim 0 size."""
         if self.closed:
             raise ExpertUnavailable(f"task pool {self.name} is closed")
         loop = asyncio.get_running_loop()
@@ -137,25 +146,31 @@ class TaskPool:
                 continue
             self._busy = True
             try:
-                if self.duty is not None:
-                    await self.duty.wait()
-                outputs, busy_s = await loop.run_in_executor(
-                    self.executor, _run_batch, self.fn, [t.args for t in batch]
-                )
-                if self.duty is not None:
-                    self.duty.ran(busy_s)
-            except Exception as e:
-                for t in batch:
-                    if not t.future.done():
-                        t.future.set_exception(e)
-            else:
-                for t, out in zip(batch, outputs, strict=True):
-                    if not t.future.done():
-                        t.future.set_result(out)
+                await self._run_one(loop, batch)
             finally:
                 self._busy = False
             self.batches += 1
             self.batch_sizes = [*self.batch_sizes[-31:], sum(t.size for t in batch)]
+            # The results (a kept graph among them) belong to the callers now: holding them here until
+            # the next batch would pin their memory after the cache let go of it.
+            del batch
+
+    async def _run_one(self, loop: asyncio.AbstractEventLoop, batch: list[_Task]) -> None:
+        try:
+            if self.duty is not None:
+                await self.duty.wait()
+            run = _run_batch if self.batched else _run_requests
+            outputs, busy_s = await loop.run_in_executor(self.executor, run, self.fn, [t.args for t in batch])
+            if self.duty is not None:
+                self.duty.ran(busy_s)
+        except Exception as e:
+            for t in batch:
+                if not t.future.done():
+                    t.future.set_exception(e)
+        else:
+            for t, out in zip(batch, outputs, strict=True):
+                if not t.future.done():
+                    t.future.set_result(out)
 
     def _take(self) -> list[_Task]:
         batch: list[_Task] = []
@@ -189,9 +204,7 @@ class TaskPool:
         self._queue.clear()
 
 
-def _run_batch(
-    fn: BatchFn, args: list[tuple[torch.Tensor, ...]]
-) -> tuple[list[tuple[torch.Tensor, ...]], float]:
+def _run_batch(fn: Any, args: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], float]:
     """On the worker thread: concatenate per position, run, split back per request; and how long."""
     started = time.perf_counter()
     sizes = [int(a[0].shape[0]) for a in args]
@@ -200,5 +213,12 @@ def _run_batch(
     else:
         batched = [torch.cat([a[i] for a in args]) for i in range(len(args[0]))]
     outputs = fn(batched)
-    split = [torch.split(out, sizes) for out in outputs]
+    split = [torch.split(o, sizes) if isinstance(o, torch.Tensor) else o.split(sizes) for o in outputs]
     return [tuple(parts[j] for parts in split) for j in range(len(sizes))], time.perf_counter() - started
+
+
+def _run_requests(fn: Any, args: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], float]:
+    """On the worker thread: ``fn`` on the requests as they came; and how long."""
+    started = time.perf_counter()
+    outputs = fn(args)
+    return outputs, time.perf_counter() - started

@@ -1,9 +1,10 @@
-"""Forward inputs kept for the backward pass, so a trainer never sends the same bytes twice.
+"""Forward inputs (and graphs) kept for the backward pass, so a trainer never sends the same bytes twice.
 
-A host answers ``moe.forward`` and later gets ``moe.backward`` for the same activation. Recomputing the
-forward pass needs its inputs; keeping them here saves the trainer re-uploading them (bytes on the wire
-bound everything). Memory is bounded twice: a byte budget (least recently used dropped first) and a time
-to live (a trainer that never calls backward, e.g. at evaluation, must not pin memory). An evicted entry
+A host answers ``moe.forward`` and later gets ``moe.backward`` for the same activation. Backpropagating
+needs the forward's graph (:mod:`.graphs`) or, to recompute it, its inputs; keeping them here saves the
+trainer re-uploading them (bytes on the wire bound everything) and, with the graph, the host a forward.
+Memory is bounded twice: a byte budget (least recently used dropped first) and a time to live (a
+trainer that never calls backward, e.g. at evaluation, must not pin memory). An evicted entry
 is not an error in itself: the host answers ``inputs_evicted`` and the trainer re-sends the inputs.
 """
 
@@ -12,14 +13,14 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
-
-import torch
+from typing import Any
 
 __all__ = ["ActivationCache"]
 
 
 class ActivationCache:
-    """LRU + TTL map from ``(uid, peer, activation id)`` to an input tensor, bounded in bytes.
+    """LRU + TTL map from ``(uid, peer, activation id)`` to what a backward needs, bounded in bytes: an
+    input tensor (its own size) or any value stored with the bytes it holds (``put(..., nbytes=)``).
 
     Used only from the event loop thread, so it needs no lock.
     """
@@ -30,7 +31,7 @@ class ActivationCache:
         self.max_bytes = max_bytes
         self.ttl_s = ttl_s
         self._clock = clock
-        self._entries: OrderedDict[Hashable, tuple[torch.Tensor, int, float]] = OrderedDict()
+        self._entries: OrderedDict[Hashable, tuple[Any, int, float]] = OrderedDict()
         self.nbytes = 0
         self.evictions = 0
 
@@ -41,21 +42,22 @@ class ActivationCache:
         self._expire()
         return key in self._entries
 
-    def put(self, key: Hashable, tensor: torch.Tensor) -> bool:
-        """Keep ``tensor``; ``False`` when it alone exceeds the budget (the backward will need a re-send)."""
+    def put(self, key: Hashable, value: Any, nbytes: int | None = None) -> bool:
+        """Keep ``value`` (a tensor, or anything holding ``nbytes``); ``False`` when it alone exceeds the
+        budget (then it is not kept, and the backward will need a re-send)."""
         self._drop(key)
-        size = tensor.numel() * tensor.element_size()
+        size = value.numel() * value.element_size() if nbytes is None else nbytes
         if size > self.max_bytes:
             return False
         self._expire()
         while self.nbytes + size > self.max_bytes and self._entries:
             self._evict_oldest()
-        self._entries[key] = (tensor, size, self._clock() + self.ttl_s)
+        self._entries[key] = (value, size, self._clock() + self.ttl_s)
         self.nbytes += size
         return True
 
-    def pop(self, key: Hashable) -> torch.Tensor | None:
-        """Take the inputs out (each forward has one backward); ``None`` if expired or evicted."""
+    def pop(self, key: Hashable) -> Any:
+        """Take the value out (each forward has one backward); ``None`` if expired or evicted."""
         self._expire()
         entry = self._entries.pop(key, None)
         if entry is None:

@@ -5,8 +5,8 @@ that arrives over the network can add code, so a spec is plain data: it can be l
 checkpoint's, and sent to trainers in ``moe.info``. Every architecture maps ``[batch, *input_shape]`` to
 the same shape, so a trainer can treat experts as interchangeable residual blocks of a layer.
 
-Dropout is deliberately absent: a host recomputes the forward pass for backward (it keeps inputs, not
-activations), and that recomputation must be exactly the function the trainer saw.
+Dropout is deliberately absent: a host recomputes the forward pass for a backward whose graph it could
+not keep (:mod:`.graphs`), and that recomputation must be exactly the function the trainer saw.
 """
 
 from __future__ import annotations

@@ -1,0 +1,166 @@
+"""The forward pass's autograd graph kept for its backward, so a host computes each forward once.
+
+Without it a host answers ``moe.forward`` without a graph and, on ``moe.backward``, runs the forward
+again on the cached inputs to backpropagate: one forward more per sample, about a third of an FFN
+expert's forward-backward-Adam work (on two CPU cores 0.28 of 1.19 ms per sample, on a GPU as much of
+its time). Here the forward runs with grad and its graph stays in the :class:`~.cache.ActivationCache`
+beside the inputs, charged with the bytes autograd saved (activations; the parameters it refers to are
+the module's own and cost nothing), so the same budget and TTL bound it. Whatever the budget cannot
+hold, whatever was evicted, and a backward whose trainer re-sent its inputs fall back to recomputing.
+
+**Which weights the backward sees.** The graph refers to the module's parameters, which Adam steps of
+other requests change in place between a forward and its backward. Autograd would refuse such a graph
+(its version check); here the saved tensors go through ``saved_tensors_hooks``, which skips that check,
+so a kept graph backpropagates through the activations of its own forward and the weights as they are
+now. Recomputing instead uses the current weights throughout. Either gradient is a few steps stale,
+which the asynchronous updates of Learning@home take as they come (the trainer's own activations are
+as old); with no step in between both are exactly autograd's, which the tests check.
+
+**Batches.** A forward batch merges several requests into one graph; their backwards may come in
+different backward batches. The first backward batch that holds any member consumes the graph, with
+zero output gradients for the members it does not hold (so their rows add nothing to the weights'
+gradient); a member that comes later recomputes from its inputs. Each request's gradient thus reaches
+the weights exactly once.
+
+Everything here runs on the device's worker thread (:mod:`.batching`), one batch at a time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import torch
+
+__all__ = ["BackwardRequest", "GraphSlice", "KeptGraph", "backward", "forward_keeping_graph"]
+
+
+class KeptGraph:
+    """One forward batch's input leaf, output and the bytes autograd saved for them."""
+
+    __slots__ = ("__weakref__", "consumed", "nbytes", "rows", "x", "y")
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, nbytes: int) -> None:
+        self.x: torch.Tensor | None = x
+        self.y: torch.Tensor | None = y
+        self.nbytes = nbytes
+        self.rows = int(x.shape[0])
+        self.consumed = False
+
+    def split(self, sizes: Sequence[int]) -> list[GraphSlice]:
+        """Each request's rows of this batch (:func:`.batching._run_batch` calls it)."""
+        out, start = [], 0
+        for n in sizes:
+            out.append(GraphSlice(self, start, start + n))
+            start += n
+        return out
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(input leaf, output) the first time; None once a backward consumed it."""
+        if self.consumed or self.x is None or self.y is None:
+            return None
+        self.consumed = True
+        x, y = self.x, self.y
+        self.x = self.y = None  # the activations go with the backward that runs them
+        return x, y
+
+
+class GraphSlice(NamedTuple):
+    """One request's rows of a :class:`KeptGraph`; what its cache entry holds beside the inputs."""
+
+    graph: KeptGraph
+    start: int
+    stop: int
+
+    @property
+    def nbytes(self) -> int:
+        """This request's share of the graph's saved bytes (what the cache charges it)."""
+        g = self.graph
+        return -(-g.nbytes * (self.stop - self.start) // g.rows)
+
+
+class BackwardRequest(NamedTuple):
+    grad_outputs: torch.Tensor
+    inputs: torch.Tensor | None  # needed to recompute when there is no live graph
+    kept: GraphSlice | None
+
+
+def forward_keeping_graph(module: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, KeptGraph]:
+    """``module(x)`` with its graph kept; (detached output, graph). ``x`` is float32 on the device."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    saved = 0
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        nonlocal saved
+        if t.untyped_storage().data_ptr() not in params:  # a weight or a view of one costs nothing
+            saved += t.numel() * t.element_size()
+        return t
+
+    leaf = x.detach().requires_grad_(True)
+    with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(pack, _unpack):
+        y = module(leaf)
+    return y.detach(), KeptGraph(leaf, y, saved)
+
+
+def _unpack(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def backward(
+    module: torch.nn.Module, requests: Sequence[BackwardRequest], device: torch.device
+) -> tuple[list[torch.Tensor], int]:
+    """Backpropagate a backward batch in one autograd call: kept graphs where they live, a recomputed
+    forward for the rest. Returns each request's input gradient (float32, on ``device``) and how many
+    samples were recomputed. The caller zeroes and steps the optimizer around it."""
+    outputs: list[torch.Tensor] = []
+    grads: list[torch.Tensor] = []
+    # each request's (input leaf, start row) once its graph is known
+    where: list[tuple[torch.Tensor, int, int] | None] = [None] * len(requests)
+    taken: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    full: dict[int, torch.Tensor] = {}
+    recompute: list[int] = []
+    for j, r in enumerate(requests):
+        kept = r.kept
+        if kept is not None:
+            g = kept.graph
+            key = id(g)
+            if key not in taken:
+                pair = g.take()
+                if pair is not None:
+                    taken[key] = pair
+                    full[key] = torch.zeros_like(pair[1])
+            if key in taken:
+                full[key][kept.start : kept.stop] = r.grad_outputs.to(device, torch.float32)
+                where[j] = (taken[key][0], kept.start, kept.stop)
+                continue
+        recompute.append(j)
+    for key, (_, y) in taken.items():
+        outputs.append(y)
+        grads.append(full[key])
+    recomputed = 0
+    if recompute:
+        xs = [_required(requests[j].inputs) for j in recompute]
+        x = torch.cat(xs).to(device, torch.float32).detach().requires_grad_(True)
+        with torch.enable_grad():
+            outputs.append(module(x))
+        grads.append(torch.cat([requests[j].grad_outputs for j in recompute]).to(device, torch.float32))
+        start = 0
+        for j, xi in zip(recompute, xs, strict=True):
+            where[j] = (x, start, start + int(xi.shape[0]))
+            start += int(xi.shape[0])
+        recomputed = start
+    with torch.enable_grad():
+        torch.autograd.backward(outputs, grads)
+    result = []
+    for w in where:
+        assert w is not None
+        leaf, a, b = w
+        assert leaf.grad is not None
+        result.append(leaf.grad[a:b])
+    return result, recomputed
+
+
+def _required(x: torch.Tensor | None) -> torch.Tensor:
+    if x is None:  # the backend pops inputs with the graph, so a request without a graph has them
+        raise AssertionError("a backward request without a kept graph needs its inputs")
+    return x

@@ -6,7 +6,8 @@ layer, so time a Python function spends inside a C call (OpenSSL, uvloop, torch 
 charged to the layer that made the call. Layers:
 
     sctp       aiortc's SCTP association and the project's SCTP patches (incl. crc32c calls)
-    dtls       aiortc's DTLS transport, pyOpenSSL, cryptography (record encryption, decryption)
+    dtls       aiortc's DTLS transport, pyOpenSSL, cryptography (record encryption, decryption), the
+               project's DTLS patch and the compiled record layer it calls (seal, open, sendto)
     ice        aioice (STUN demux, the ICE connection's datagram path)
     datachannel aiortc's RTCDataChannel and pyee's event emitter (per message, not per packet)
     framing    the project's channel, framing, RPC and Peer (engine/p2p), msgspec, the wire codec
@@ -32,7 +33,10 @@ LAYERS: list[tuple[str, re.Pattern[str]]] = [
         "sctp",
         re.compile(r"aiortc/rtcsctptransport\.py|engine/p2p/patches/(sctp\w*|congestion)\.py|crc32c"),
     ),
-    ("dtls", re.compile(r"aiortc/rtcdtlstransport\.py|OpenSSL/|cryptography/|pylibsrtp")),
+    (
+        "dtls",
+        re.compile(r"aiortc/rtcdtlstransport\.py|OpenSSL/|cryptography/|pylibsrtp|engine/p2p/(patches/dtls|native/)"),
+    ),
     ("ice", re.compile(r"aioice/|aiortc/rtcicetransport\.py|engine/p2p/patches/ice\.py")),
     ("datachannel", re.compile(r"aiortc/rtcdatachannel\.py|pyee/")),
     ("framing", re.compile(r"engine/p2p/|engine/wire/|msgspec/")),

@@ -39,6 +39,9 @@ def test_innermost_layer_wins() -> None:
     assert cb.layer_of([RUNNER, SCTP, DTLS, STUN]) == "ice"
     assert cb.layer_of([RUNNER, SCTP, FRAMING]) == "framing"
     assert cb.layer_of([RUNNER, SACK_PATCH]) == "sctp"  # the project's SCTP patches count as SCTP
+    # ...and its DTLS patch as DTLS: a compiled seal_send or open is charged to the Python frame calling it
+    assert cb.layer_of([RUNNER, DTLS, "_sent (engine/p2p/patches/dtls.py:256)"]) == "dtls"
+    assert cb.layer_of([RUNNER, "recv_next (engine/p2p/patches/dtls.py:307)", SACK_PATCH]) == "sctp"
 
 
 def test_time_in_the_loops_own_code_is_the_loop_not_the_package_that_runs_it() -> None:

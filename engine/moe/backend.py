@@ -56,6 +56,7 @@ class BackendStats:
     steps: int = 0
     inputs_evicted: int = 0
     recomputed_samples: int = 0  # backward samples whose forward ran again (no kept graph)
+    graphs_refused: int = 0  # forward batches that ran without a graph for want of device memory
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -207,8 +208,16 @@ class ExpertBackend:
     def _forward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[Any]:
         x = args[0].to(self.device, torch.float32)
         if self.keep_graphs:
-            y, graph = forward_keeping_graph(self.module, x)
-            return [y.to("cpu"), graph]
+            try:
+                y, graph = forward_keeping_graph(self.module, x)
+                return [y.to("cpu"), graph]
+            except torch.OutOfMemoryError:  # the GPU's share the volunteer allows is full: no graph
+                self.stats.graphs_refused += 1
+                logger.info(
+                    "%s: no GPU memory for a forward graph of %d samples; it will be recomputed",
+                    self.uid,
+                    int(x.shape[0]),
+                )
         with torch.inference_mode():
             return [self.module(x).to("cpu")]
 

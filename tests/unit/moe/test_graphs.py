@@ -24,9 +24,14 @@ def forwards_of(b: ExpertBackend) -> list[int]:
     return calls
 
 
-def local_grads(b: ExpertBackend, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> list[torch.Tensor]:
+def local_copy(b: ExpertBackend) -> torch.nn.Module:
     ref = build(b.spec)
     ref.load_state_dict(b.module.state_dict())
+    return ref
+
+
+def local_grads(b: ExpertBackend, xs: list[torch.Tensor], gs: list[torch.Tensor]) -> list[torch.Tensor]:
+    ref = local_copy(b)
     out = []
     for x, g in zip(xs, gs, strict=True):
         leaf = x.clone().requires_grad_(True)
@@ -130,4 +135,25 @@ async def test_resent_inputs_recompute_even_when_a_graph_is_kept() -> None:
     got = await b.backward("p", "a", g, other)
     assert b.stats.recomputed_samples == 3
     assert torch.allclose(got, local_grads(b, [other], [g])[0], atol=1e-6)
+    await b.close()
+
+
+async def test_a_forward_without_device_memory_for_its_graph_still_answers(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A GPU at the volunteer's memory cap: the graph cannot be kept, the forward answers anyway (without
+    one) and its backward recomputes."""
+    from engine.moe import backend as backend_module
+
+    def full(module: torch.nn.Module, x: torch.Tensor) -> None:
+        raise torch.OutOfMemoryError("CUDA out of memory (the volunteer's share)")
+
+    monkeypatch.setattr(backend_module, "forward_keeping_graph", full)
+    b = backend(lr=0.0)
+    x, g = torch.randn(3, 8), torch.randn(3, 8)
+    out = await b.forward("p", "a", x)
+    assert torch.allclose(out, local_copy(b)(x), atol=1e-6) and b.stats.graphs_refused == 1
+    got = await b.backward("p", "a", g)
+    assert b.stats.recomputed_samples == 3
+    assert torch.allclose(got, local_grads(b, [x], [g])[0], atol=1e-6)
     await b.close()

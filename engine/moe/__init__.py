@@ -5,7 +5,8 @@ Layers, bottom up (each imports only those below it; nothing here imports Qt, ap
     errors.py        the exception tree below
     registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
     checkpoint.py    safetensors checkpoints, written atomically, newest valid one loaded
-    cache.py         ActivationCache: forward inputs kept (LRU + TTL, byte budget) for backward
+    cache.py         ActivationCache: forward inputs and graphs kept (LRU + TTL, byte budget) for backward
+    graphs.py        KeptGraph: a forward batch's autograd graph, and the backward over kept and recomputed
     batching.py      TaskPool: requests merged into batches on one worker thread per device
     backend.py       ExpertBackend: module + Adam + input checks + forward/backward pools
     server.py        ExpertServer: moe.forward / moe.backward / moe.info handlers, stats, checkpoints

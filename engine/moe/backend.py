@@ -1,8 +1,9 @@
 """One hosted expert: its module, its optimizer, its request batching and its activation cache.
 
-Forward requests keep their inputs and, by default, their autograd graph in the :class:`ActivationCache`
-(:mod:`.graphs`: the bytes autograd saved count against the cache's budget, and what does not fit, or
-is evicted, is recomputed from the inputs), so the backward request brings only the output gradient;
+Forward requests keep their inputs in the :class:`ActivationCache` and, by default, their autograd graph
+in a second one (:mod:`.graphs`: charged the bytes autograd saved, with a budget of its own so that graphs
+never push inputs out; a graph that does not fit, or is evicted, is recomputed from the inputs), so the
+backward request brings only the output gradient;
 the host backpropagates, returns the input gradient and applies a local optimizer step: the
 asynchronous training of Learning@home, where each expert updates itself from the gradients it gets.
 With ``keep_graphs=False`` forwards run under ``torch.inference_mode`` and every backward recomputes.
@@ -36,6 +37,8 @@ __all__ = ["ALLOWED_DTYPES", "BackendStats", "ExpertBackend", "default_device"]
 logger = logging.getLogger(__name__)
 
 ALLOWED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: Default budget of kept forward graphs (40 KiB a sample for d=1024/4096: about 13,000 samples).
+GRAPH_BYTES = 512 << 20
 #: Above this many elements the finiteness check leaves the event loop for a worker thread.
 THREAD_CHECK_ELEMENTS = 1 << 18
 MAX_ACTIVATION_ID = 64
@@ -73,6 +76,7 @@ class ExpertBackend:
         device: torch.device | str | None = None,
         executor: Executor | None = None,
         cache: ActivationCache | None = None,
+        graphs: ActivationCache | None = None,
         lr: float = 1e-3,
         max_grad_norm: float | None = 1.0,
         max_batch_size: int = 256,
@@ -83,7 +87,6 @@ class ExpertBackend:
         keep_graphs: bool = True,
     ) -> None:
         self.uid = uid
-        self.keep_graphs = keep_graphs
         self.spec = spec
         self.device = torch.device(device) if device is not None else default_device()
         self.input_shape = input_shape(spec)
@@ -98,6 +101,10 @@ class ExpertBackend:
         self._own_executor = executor is None
         self.executor = executor or ThreadPoolExecutor(1, thread_name_prefix=f"expert-{uid}")
         self.cache = cache if cache is not None else ActivationCache()
+        # Kept forward graphs: none at all with keep_graphs=False (every backward recomputes).
+        self.graphs = (
+            None if not keep_graphs else graphs if graphs is not None else ActivationCache(GRAPH_BYTES)
+        )
         self.forward_pool = TaskPool(
             f"{uid}.fwd",
             self._forward_batch,
@@ -132,9 +139,9 @@ class ExpertBackend:
             self.stats.errors += 1
             raise
         key = self._key(peer_id, activation_id)
-        size = inputs.numel() * inputs.element_size()
-        if not kept or not self.cache.put(key, (inputs, kept[0]), size + kept[0].nbytes):
-            self.cache.put(key, (inputs, None), size)  # no graph, or no room for it: recompute later
+        self.cache.put(key, inputs)
+        if kept and self.graphs is not None:
+            self.graphs.put(key, kept[0], kept[0].nbytes)  # no room for it: the backward recomputes
         self.stats.forward_requests += 1
         self.stats.forward_samples += int(inputs.shape[0])
         return outputs
@@ -142,36 +149,42 @@ class ExpertBackend:
     async def backward(
         self, peer_id: str, activation_id: str, grad_outputs: torch.Tensor, inputs: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Input gradient for a past forward; applies an optimizer step. Needs cached or re-sent inputs."""
+        """Input gradient for a past forward; applies an optimizer step. Needs the forward's kept graph, or
+        cached or re-sent inputs to recompute it."""
         self._check_open()
         try:
             _check_activation_id(activation_id)
             await self._check_inputs(grad_outputs, "grad_outputs")
-            cached: tuple[torch.Tensor, GraphSlice | None] | None = self.cache.pop(
-                self._key(peer_id, activation_id)
-            )
-            kept = None
+            key = self._key(peer_id, activation_id)
+            cached: torch.Tensor | None = self.cache.pop(key)
+            kept: GraphSlice | None = self.graphs.pop(key) if self.graphs is not None else None
             if inputs is not None:
                 await self._check_inputs(inputs, "inputs")
-            elif cached is not None:
-                inputs, kept = cached
-            if inputs is None:
-                self.stats.inputs_evicted += 1
-                raise InputsEvicted(
-                    f"{self.uid}: inputs of activation {activation_id!r} are gone; re-send them"
-                )
-            if inputs.shape != grad_outputs.shape:
-                raise BadInput(
-                    f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(inputs.shape)}"
-                )
-            grad_inputs: torch.Tensor
+                kept = None  # re-sent inputs: their gradient, recomputed
+            else:
+                inputs = cached
+            if inputs is not None:
+                shape = tuple(inputs.shape)
+            elif kept is not None and not kept.graph.consumed:
+                shape = kept.shape  # the inputs were evicted, their graph was not
+            else:
+                raise self._evicted(activation_id)
+            if shape != tuple(grad_outputs.shape):
+                raise BadInput(f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(shape)}")
+            grad_inputs: torch.Tensor | None
             (grad_inputs,) = await self.backward_pool.submit(grad_outputs, inputs, kept)
+            if grad_inputs is None:  # its graph went to a sibling's backward meanwhile, and no inputs
+                raise self._evicted(activation_id)
         except Exception:
             self.stats.errors += 1
             raise
         self.stats.backward_requests += 1
-        self.stats.backward_samples += int(inputs.shape[0])
+        self.stats.backward_samples += int(grad_outputs.shape[0])
         return grad_inputs
+
+    def _evicted(self, activation_id: str) -> InputsEvicted:
+        self.stats.inputs_evicted += 1
+        return InputsEvicted(f"{self.uid}: inputs of activation {activation_id!r} are gone; re-send them")
 
     def _key(self, peer_id: str, activation_id: str) -> Hashable:
         return (self.uid, peer_id, activation_id)
@@ -207,7 +220,7 @@ class ExpertBackend:
 
     def _forward_batch(self, args: Sequence[torch.Tensor]) -> Sequence[Any]:
         x = args[0].to(self.device, torch.float32)
-        if self.keep_graphs:
+        if self.graphs is not None:
             try:
                 y, graph = forward_keeping_graph(self.module, x)
                 return [y.to("cpu"), graph]
@@ -221,7 +234,7 @@ class ExpertBackend:
         with torch.inference_mode():
             return [self.module(x).to("cpu")]
 
-    def _backward_requests(self, requests: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor]]:
+    def _backward_requests(self, requests: list[tuple[Any, ...]]) -> list[tuple[torch.Tensor | None]]:
         """One optimizer step for a backward batch: kept graphs where they live, else recomputed."""
         self.optimizer.zero_grad(set_to_none=True)
         grads, recomputed = graph_backward(self.module, [BackwardRequest(*r) for r in requests], self.device)
@@ -230,7 +243,7 @@ class ExpertBackend:
         self.optimizer.step()
         self.stats.steps += 1  # one writer: this worker thread
         self.stats.recomputed_samples += recomputed
-        return [(g.to("cpu"),) for g in grads]
+        return [(None if g is None else g.to("cpu"),) for g in grads]
 
     # -- state -----------------------------------------------------------------------------------
 

@@ -3,10 +3,12 @@
 Without it a host answers ``moe.forward`` without a graph and, on ``moe.backward``, runs the forward
 again on the cached inputs to backpropagate: one forward more per sample, about a third of an FFN
 expert's forward-backward-Adam work (on two CPU cores 0.28 of 1.19 ms per sample, on a GPU as much of
-its time). Here the forward runs with grad and its graph stays in the :class:`~.cache.ActivationCache`
-beside the inputs, charged with the bytes autograd saved (activations; the parameters it refers to are
-the module's own and cost nothing), so the same budget and TTL bound it. Whatever the budget cannot
-hold, whatever was evicted, and a backward whose trainer re-sent its inputs fall back to recomputing.
+its time). Here the forward runs with grad and its graph is kept in an :class:`~.cache.ActivationCache` of
+its own beside the inputs' one, charged with the bytes autograd saved (activations; the parameters it
+refers to are the module's own and cost nothing), under its own budget and the same TTL: graphs, forty
+times the inputs' size, never push inputs out (an evicted input costs the trainer a re-send, an evicted
+graph only a forward). Whatever the budget cannot hold, whatever was evicted, and a backward whose
+trainer re-sent its inputs fall back to recomputing.
 
 **Which weights the backward sees.** The graph refers to the module's parameters, which Adam steps of
 other requests change in place between a forward and its backward. Autograd would refuse such a graph
@@ -38,13 +40,14 @@ __all__ = ["BackwardRequest", "GraphSlice", "KeptGraph", "backward", "forward_ke
 class KeptGraph:
     """One forward batch's input leaf, output and the bytes autograd saved for them."""
 
-    __slots__ = ("__weakref__", "consumed", "nbytes", "rows", "x", "y")
+    __slots__ = ("__weakref__", "consumed", "nbytes", "row_shape", "rows", "x", "y")
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, nbytes: int) -> None:
         self.x: torch.Tensor | None = x
         self.y: torch.Tensor | None = y
         self.nbytes = nbytes
         self.rows = int(x.shape[0])
+        self.row_shape = tuple(int(n) for n in x.shape[1:])
         self.consumed = False
 
     def split(self, sizes: Sequence[int]) -> list[GraphSlice]:
@@ -78,10 +81,15 @@ class GraphSlice(NamedTuple):
         g = self.graph
         return -(-g.nbytes * (self.stop - self.start) // g.rows)
 
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The request's input (and output) shape."""
+        return (self.stop - self.start, *self.graph.row_shape)
+
 
 class BackwardRequest(NamedTuple):
     grad_outputs: torch.Tensor
-    inputs: torch.Tensor | None  # needed to recompute when there is no live graph
+    inputs: torch.Tensor | None  # to recompute when there is no live graph; None: evicted
     kept: GraphSlice | None
 
 
@@ -108,10 +116,11 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
 
 def backward(
     module: torch.nn.Module, requests: Sequence[BackwardRequest], device: torch.device
-) -> tuple[list[torch.Tensor], int]:
+) -> tuple[list[torch.Tensor | None], int]:
     """Backpropagate a backward batch in one autograd call: kept graphs where they live, a recomputed
-    forward for the rest. Returns each request's input gradient (float32, on ``device``) and how many
-    samples were recomputed. The caller zeroes and steps the optimizer around it."""
+    forward for the rest. Returns each request's input gradient (float32, on ``device``; None for one
+    with neither a live graph nor inputs, whose graph a sibling's backward took after the caller looked)
+    and how many samples were recomputed. The caller zeroes and steps the optimizer around it."""
     outputs: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
     # each request's (input leaf, start row) once its graph is known
@@ -133,13 +142,14 @@ def backward(
                 full[key][kept.start : kept.stop] = r.grad_outputs.to(device, torch.float32)
                 where[j] = (taken[key][0], kept.start, kept.stop)
                 continue
-        recompute.append(j)
+        if r.inputs is not None:
+            recompute.append(j)
     for key, (_, y) in taken.items():
         outputs.append(y)
         grads.append(full[key])
     recomputed = 0
     if recompute:
-        xs = [_required(requests[j].inputs) for j in recompute]
+        xs = [_inputs(requests[j]) for j in recompute]
         x = torch.cat(xs).to(device, torch.float32).detach().requires_grad_(True)
         with torch.enable_grad():
             outputs.append(module(x))
@@ -149,18 +159,20 @@ def backward(
             where[j] = (x, start, start + int(xi.shape[0]))
             start += int(xi.shape[0])
         recomputed = start
-    with torch.enable_grad():
-        torch.autograd.backward(outputs, grads)
-    result = []
+    if outputs:
+        with torch.enable_grad():
+            torch.autograd.backward(outputs, grads)
+    result: list[torch.Tensor | None] = []
     for w in where:
-        assert w is not None
+        if w is None:
+            result.append(None)
+            continue
         leaf, a, b = w
         assert leaf.grad is not None
         result.append(leaf.grad[a:b])
     return result, recomputed
 
 
-def _required(x: torch.Tensor | None) -> torch.Tensor:
-    if x is None:  # the backend pops inputs with the graph, so a request without a graph has them
-        raise AssertionError("a backward request without a kept graph needs its inputs")
-    return x
+def _inputs(r: BackwardRequest) -> torch.Tensor:
+    assert r.inputs is not None  # only requests with inputs are recomputed
+    return r.inputs

@@ -29,7 +29,7 @@ import torch
 from engine.p2p import CallContext, Handlers, RemoteError
 from engine.wire import Compression, Kind, Message
 
-from .backend import ExpertBackend, default_device
+from .backend import GRAPH_BYTES, ExpertBackend, default_device
 from .cache import ActivationCache
 from .checkpoint import CheckpointStore
 from .errors import CheckpointError, ExpertRequestError, UnknownExpert
@@ -78,16 +78,21 @@ class ExpertServer:
         device: torch.device | str | None = None,
         cache_bytes: int = 1 << 30,
         cache_ttl_s: float = 120.0,
+        graph_bytes: int = GRAPH_BYTES,
         backend_options: Mapping[str, Any] | None = None,
         **server_options: Any,
     ) -> ExpertServer:
-        """Build backends for ``specs`` sharing one worker thread (this device) and one activation cache."""
+        """Build backends for ``specs`` sharing one worker thread (this device), one activation cache
+        (``cache_bytes`` of inputs) and one cache of kept forward graphs (``graph_bytes``)."""
         dev = torch.device(device) if device is not None else default_device()
         executor = ThreadPoolExecutor(1, thread_name_prefix=f"experts-{dev.type}")
         cache = ActivationCache(cache_bytes, cache_ttl_s)
+        graphs = ActivationCache(graph_bytes, cache_ttl_s)
         options = dict(backend_options or {})
         backends = {
-            uid: ExpertBackend(uid, spec, device=dev, executor=executor, cache=cache, **options)
+            uid: ExpertBackend(
+                uid, spec, device=dev, executor=executor, cache=cache, graphs=graphs, **options
+            )
             for uid, spec in specs.items()
         }
         server = cls(backends, **server_options)

@@ -103,12 +103,15 @@ class Hosting:
             await server.close()
 
     async def release_memory(self) -> None:
-        """Drop cached inputs; offload GPU weights to host memory; give cached GPU memory back."""
+        """Drop cached inputs and kept graphs; offload GPU weights to host memory; give cached GPU memory
+        back."""
         server = self.server
         if server is None:
             return
         for backend in server.experts.values():
             backend.cache.clear()
+            if backend.graphs is not None:  # kept forward graphs (on the GPU, where it hosts there)
+                backend.graphs.clear()
         if self.device.type != "cpu" and not self.offloaded:
             await asyncio.to_thread(_move_all, server, torch.device("cpu"))
             self.offloaded = True

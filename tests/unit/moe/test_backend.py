@@ -141,7 +141,7 @@ async def test_bad_grad_and_activation_id() -> None:
 
 async def test_evicted_inputs_raise_then_fallback_inputs_work() -> None:
     cache = ActivationCache(max_bytes=4 * 8 * 4)  # room for one 4x8 float32 request
-    b = backend(cache=cache, lr=0.0)
+    b = backend(cache=cache, lr=0.0, keep_graphs=False)  # inputs alone (a kept graph would outlive them)
     x1, x2 = torch.randn(4, 8), torch.randn(4, 8)
     await b.forward("p", "one", x1)
     await b.forward("p", "two", x2)  # evicts "one"

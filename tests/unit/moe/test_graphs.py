@@ -7,7 +7,7 @@ import weakref
 import pytest
 import torch
 
-from engine.moe import ActivationCache, ExpertBackend, ExpertSpec, InputsEvicted, build
+from engine.moe import ActivationCache, BadInput, ExpertBackend, ExpertSpec, InputsEvicted, build
 from engine.moe.graphs import GraphSlice
 
 SPEC = ExpertSpec("ffn", 8, hidden=16)
@@ -88,41 +88,89 @@ async def test_steps_between_a_forward_and_its_backward_leave_the_graph_usable()
     await b.close()
 
 
-async def test_graph_bytes_count_against_the_budget_and_what_does_not_fit_recomputes() -> None:
+async def test_graphs_have_a_budget_of_their_own_and_what_does_not_fit_recomputes() -> None:
     x, g = torch.randn(4, 8), torch.randn(4, 8)
-    roomy = ActivationCache(max_bytes=1 << 20)
-    b = backend(cache=roomy, lr=0.0)
+    b = backend(lr=0.0)
     await b.forward("p", "a", x)
-    inputs_only = x.numel() * x.element_size()
-    (entry,) = roomy._entries.values()
-    assert isinstance(entry[0][1], GraphSlice)
-    assert roomy.nbytes == inputs_only + entry[0][1].nbytes and entry[0][1].nbytes > 2 * inputs_only
+    assert b.graphs is not None
+    (entry,) = b.graphs._entries.values()
+    kept = entry[0]
+    assert isinstance(kept, GraphSlice) and b.graphs.nbytes == kept.nbytes > 2 * x.numel() * x.element_size()
+    assert b.cache.nbytes == x.numel() * x.element_size()  # the inputs' cache holds the inputs alone
+    del kept, entry
     await b.close()
 
-    tight = ActivationCache(max_bytes=inputs_only)  # the inputs fit, their graph does not
-    b = backend(cache=tight, lr=0.0)
+    b = backend(graphs=ActivationCache(max_bytes=64), lr=0.0)  # no graph fits
     calls = forwards_of(b)
     await b.forward("p", "a", x)
-    assert tight.nbytes == inputs_only
+    assert b.graphs is not None and len(b.graphs) == 0
     got = await b.backward("p", "a", g)
     assert b.stats.recomputed_samples == 4 and calls == [4, 4]
     assert torch.allclose(got, local_grads(b, [x], [g])[0], atol=1e-6)
     await b.close()
 
 
-async def test_clearing_the_cache_frees_kept_graphs() -> None:
+async def test_graphs_never_push_inputs_out() -> None:
+    """Graphs are forty times the inputs' size: filling their budget evicts graphs, never inputs (an
+    evicted input costs the trainer a re-send, an evicted graph only a forward)."""
+    inputs = ActivationCache(max_bytes=1 << 20)
+    b = backend(cache=inputs, graphs=ActivationCache(max_bytes=3000), lr=0.0)
+    xs = [torch.randn(4, 8) for _ in range(6)]
+    for i, x in enumerate(xs):
+        await b.forward("p", f"a{i}", x)
+    assert b.graphs is not None and b.graphs.evictions > 0 and inputs.evictions == 0 and len(inputs) == 6
+    gs = [torch.randn(4, 8) for _ in xs]
+    got = [await b.backward("p", f"a{i}", g) for i, g in enumerate(gs)]
+    assert 0 < b.stats.recomputed_samples < 24  # the oldest graphs were evicted, the newest kept
+    for have, want in zip(got, local_grads(b, xs, gs), strict=True):
+        assert torch.allclose(have, want, atol=1e-6)
+    await b.close()
+
+
+async def test_a_kept_graph_outlives_its_evicted_inputs() -> None:
+    b = backend(cache=ActivationCache(max_bytes=4 * 8 * 4), lr=0.0)  # room for one request's inputs
+    x1, x2, g1 = torch.randn(4, 8), torch.randn(4, 8), torch.randn(4, 8)
+    await b.forward("p", "one", x1)
+    await b.forward("p", "two", x2)  # evicts "one"'s inputs, not its graph
+    got = await b.backward("p", "one", g1)
+    assert b.stats.inputs_evicted == 0 and b.stats.recomputed_samples == 0
+    assert torch.allclose(got, local_grads(b, [x1], [g1])[0], atol=1e-6)
+    await b.forward("p", "three", x1)  # evicts "two"'s inputs
+    with pytest.raises(BadInput, match="shape"):  # the graph's shape stands in for the inputs'
+        await b.backward("p", "two", torch.randn(3, 8))
+    await b.close()
+
+
+async def test_a_sibling_took_the_graph_and_the_inputs_are_gone() -> None:
+    """Three requests merged into one forward; two backwards consume the graph; the third's inputs were
+    evicted since: it alone gets inputs_evicted (the trainer re-sends), the others their gradients."""
+    b = backend(lr=0.0, max_batch_size=64, max_wait_s=0.2)
+    xs = [torch.randn(2, 8) for _ in range(3)]
+    gs = [torch.randn(2, 8) for _ in range(3)]
+    await asyncio.gather(*(b.forward("p", f"a{i}", x) for i, x in enumerate(xs)))
+    await asyncio.gather(b.backward("p", "a0", gs[0]), b.backward("p", "a1", gs[1]))
+    b.cache.clear()  # the third's inputs are gone; its graph slice is consumed
+    with pytest.raises(InputsEvicted):
+        await b.backward("p", "a2", gs[2])
+    got = await b.backward("p", "a2", gs[2], xs[2])  # the re-send
+    assert torch.allclose(got, local_grads(b, [xs[2]], [gs[2]])[0], atol=1e-6)
+    await b.close()
+
+
+async def test_clearing_the_caches_frees_kept_graphs() -> None:
     """What release_memory does when the volunteer comes back: the graphs go with the inputs."""
-    cache = ActivationCache()
-    b = backend(cache=cache)
+    b = backend()
     await b.forward("p", "a", torch.randn(4, 8))
-    ((_, kept), _, _) = next(iter(cache._entries.values()))
+    assert b.graphs is not None
+    (kept, _, _) = next(iter(b.graphs._entries.values()))
     graph = weakref.ref(kept.graph)
     del kept
-    cache.clear()
+    b.cache.clear()
+    b.graphs.clear()
     await asyncio.sleep(0)  # the loop's handle that woke this task holds the forward's result until then
     gc.collect()
     assert graph() is None
-    with pytest.raises(InputsEvicted):  # a backward after the cache was cleared asks for the inputs
+    with pytest.raises(InputsEvicted):  # a backward after the caches were cleared asks for the inputs
         await b.backward("p", "a", torch.randn(4, 8))
     await b.close()
 

@@ -138,7 +138,10 @@ def test_remote_expert_resends_inputs_after_eviction(loop_thread: LoopThread) ->
     expert = RemoteExpert(peer, "host", "ffn.0.2", loop=loop_thread, timeout=10)  # type: ignore[arg-type]
     x = torch.randn(3, 8, requires_grad=True)
     y = expert(x)
-    server.experts["ffn.0.2"].cache.clear()  # as if the budget or the TTL had evicted them
+    backend = server.experts["ffn.0.2"]
+    backend.cache.clear()  # as if the budget or the TTL had evicted them (inputs and graph)
+    assert backend.graphs is not None
+    backend.graphs.clear()
     y.sum().backward()
     assert expert.resends == 1 and x.grad is not None and x.grad.shape == x.shape
     # A failure that is not an eviction is not retried: it surfaces with the host's code.

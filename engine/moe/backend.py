@@ -3,8 +3,8 @@
 Forward requests keep their inputs in the :class:`ActivationCache` and, by default, their autograd graph
 in a second one (:mod:`.graphs`: charged the bytes autograd saved, with a budget of its own so that graphs
 never push inputs out; a graph that does not fit, or is evicted, is recomputed from the inputs), so the
-backward request brings only the output gradient;
-the host backpropagates, returns the input gradient and applies a local optimizer step: the
+backward request brings only the output gradient; the host backpropagates, returns the input gradient
+and applies a local optimizer step: the
 asynchronous training of Learning@home, where each expert updates itself from the gradients it gets.
 With ``keep_graphs=False`` forwards run under ``torch.inference_mode`` and every backward recomputes.
 

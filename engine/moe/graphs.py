@@ -40,7 +40,7 @@ __all__ = ["BackwardRequest", "GraphSlice", "KeptGraph", "backward", "forward_ke
 class KeptGraph:
     """One forward batch's input leaf, output and the bytes autograd saved for them."""
 
-    __slots__ = ("__weakref__", "consumed", "nbytes", "row_shape", "rows", "x", "y")
+    __slots__ = ("__weakref__", "nbytes", "row_shape", "rows", "x", "y")
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, nbytes: int) -> None:
         self.x: torch.Tensor | None = x
@@ -48,7 +48,11 @@ class KeptGraph:
         self.nbytes = nbytes
         self.rows = int(x.shape[0])
         self.row_shape = tuple(int(n) for n in x.shape[1:])
-        self.consumed = False
+
+    @property
+    def consumed(self) -> bool:
+        """A backward ran on it (and let its activations go)."""
+        return self.x is None
 
     def split(self, sizes: Sequence[int]) -> list[GraphSlice]:
         """Each request's rows of this batch (:func:`.batching._run_batch` calls it)."""
@@ -60,16 +64,15 @@ class KeptGraph:
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(input leaf, output) the first time; None once a backward consumed it."""
-        if self.consumed or self.x is None or self.y is None:
-            return None
-        self.consumed = True
         x, y = self.x, self.y
+        if x is None or y is None:
+            return None
         self.x = self.y = None  # the activations go with the backward that runs them
         return x, y
 
 
 class GraphSlice(NamedTuple):
-    """One request's rows of a :class:`KeptGraph`; what its cache entry holds beside the inputs."""
+    """One request's rows of a :class:`KeptGraph`: what the graphs' cache holds for the request."""
 
     graph: KeptGraph
     start: int
@@ -123,30 +126,32 @@ def backward(
     and how many samples were recomputed. The caller zeroes and steps the optimizer around it."""
     outputs: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
-    # each request's (input leaf, start row) once its graph is known
+    # each request's (input leaf, start row, stop row) once its graph is known
     where: list[tuple[torch.Tensor, int, int] | None] = [None] * len(requests)
-    taken: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    full: dict[int, torch.Tensor] = {}
+    taken: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(graph): leaf, y, grad
     recompute: list[int] = []
     for j, r in enumerate(requests):
         kept = r.kept
         if kept is not None:
-            g = kept.graph
-            key = id(g)
+            key = id(kept.graph)
+            g = r.grad_outputs.to(device, torch.float32)
             if key not in taken:
-                pair = g.take()
-                if pair is not None:
-                    taken[key] = pair
-                    full[key] = torch.zeros_like(pair[1])
+                pair = kept.graph.take()
+                if pair is not None and kept.stop - kept.start == kept.graph.rows:  # its only member
+                    taken[key] = (*pair, g)
+                elif pair is not None:  # rows of members not in this batch get zero gradients
+                    taken[key] = (*pair, torch.zeros_like(pair[1]))
             if key in taken:
-                full[key][kept.start : kept.stop] = r.grad_outputs.to(device, torch.float32)
-                where[j] = (taken[key][0], kept.start, kept.stop)
+                leaf, _, grad = taken[key]
+                if grad is not g:
+                    grad[kept.start : kept.stop] = g
+                where[j] = (leaf, kept.start, kept.stop)
                 continue
         if r.inputs is not None:
             recompute.append(j)
-    for key, (_, y) in taken.items():
+    for _, y, grad in taken.values():
         outputs.append(y)
-        grads.append(full[key])
+        grads.append(grad)
     recomputed = 0
     if recompute:
         xs = [_inputs(requests[j]) for j in recompute]

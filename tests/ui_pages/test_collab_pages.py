@@ -19,7 +19,7 @@ from coordinator.site import setup_routes
 
 from .seed import NOW, XSS_TEAM, seed_realistic
 from .seed_collab import COLLAB_EXPERIMENTS, seed_collab
-from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, TIMEOUT_MS
+from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, LAUNCH_TIMEOUT_MS, SCREENSHOTS, TIMEOUT_MS
 
 pytestmark = pytest.mark.skipif(shutil.which(CHROMIUM) is None, reason="needs Debian's chromium")
 
@@ -55,7 +55,7 @@ async def test_swarm_panel_and_trainers_tab(base_url: str) -> None:
                 executable_path=CHROMIUM,
                 args=CHROMIUM_ARGS,
                 headless=True,
-                timeout=TIMEOUT_MS,
+                timeout=LAUNCH_TIMEOUT_MS,
                 viewport={"width": 1280, "height": 800},
                 java_script_enabled=False,
             )
@@ -115,7 +115,7 @@ async def test_swarm_panel_and_trainers_tab(base_url: str) -> None:
                 await context.close()
 
             dark = await pw.chromium.launch(
-                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=TIMEOUT_MS
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=LAUNCH_TIMEOUT_MS
             )
             try:
                 phone = await dark.new_context(

@@ -32,7 +32,7 @@ from coordinator.site import exports, ranges, setup_routes
 
 from .seed import LONG_NAME, NOW, seed_realistic
 from .seed_collab import COLLAB_EXPERIMENTS, seed_collab
-from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, SCREENSHOTS, TIMEOUT_MS
+from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, LAUNCH_TIMEOUT_MS, SCREENSHOTS, TIMEOUT_MS
 
 AXE = Path(__file__).resolve().parent / "node_modules" / "axe-core" / "axe.min.js"
 VIEWPORTS = {"desktop": (1280, 800), "phone": (390, 844)}
@@ -98,7 +98,7 @@ async def site(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
 async def browser() -> AsyncIterator[Browser]:
     async with async_playwright() as pw:
         b = await pw.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=TIMEOUT_MS
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, timeout=LAUNCH_TIMEOUT_MS
         )
         try:
             yield b

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
-from engine.wire import Compression, Kind, Message, WireError
+from engine.wire import Compression, Kind, Message, WireError, all_finite
 
 from .codec import ErrorFeedback, bytes_per_element
 from .errors import PartRejected
@@ -257,7 +257,7 @@ class AllReduceService:
                 got = reply.tensors[0]
                 if got.dtype != torch.float32 or got.numel() != b - a:
                     raise PartRejected(f"reply of {got.numel()} {got.dtype} values, expected {b - a} float32")
-                if not bool(torch.isfinite(got).all()):
+                if not all_finite(got):
                     raise PartRejected("reply holds non-finite values")
                 report.bytes_received += int((b - a) * bytes_per_element(group.compression))
                 if not failed:

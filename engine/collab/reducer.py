@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import torch
 
-from engine.wire import Compression, EncodeError
+from engine.wire import Compression, EncodeError, all_finite
 
 from .codec import roundtrip
 from .errors import PartRejected
@@ -109,7 +109,7 @@ class PartReducer:
             not isinstance(weight, int | float) or not math.isfinite(weight) or not 0 <= weight <= MAX_WEIGHT
         ):
             reason = f"weight {weight!r} is not in [0, {MAX_WEIGHT:g}]"
-        elif not bool(torch.isfinite(values).all()):
+        elif not all_finite(values):
             reason = f"chunk {c} holds non-finite values"
         if reason is not None:
             self.exclude(sender, reason)

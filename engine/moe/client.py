@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from engine.p2p import P2PError, Peer, RemoteError, RpcTimeout
-from engine.wire import Compression
+from engine.wire import Compression, all_finite
 
 from .errors import ExpertCallFailed
 from .loop_thread import LoopThread
@@ -144,7 +144,7 @@ def _one_tensor(tensors: list[torch.Tensor], uid: str) -> torch.Tensor:
     if len(tensors) != 1:
         raise ExpertCallFailed(f"{uid}: host sent {len(tensors)} tensors, expected 1", "bad_reply")
     got = tensors[0]
-    if not got.is_floating_point() or not bool(torch.isfinite(got).all()):
+    if not got.is_floating_point() or not all_finite(got):
         raise ExpertCallFailed(
             f"{uid}: host replied non-finite or non-float values ({got.dtype})", "bad_reply"
         )

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from engine.moe.mixture import CallRecord
+from engine.wire import all_finite
 
 __all__ = ["SpotCheckStats", "SpotChecker", "mismatch"]
 
@@ -42,7 +43,7 @@ def mismatch(a: torch.Tensor, b: torch.Tensor, tolerance: float) -> bool:
     if a.shape != b.shape:
         return True
     a, b = a.float(), b.float()
-    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+    if not (all_finite(a) and all_finite(b)):
         return True
     scale = max(float(a.norm()), float(b.norm()), 1e-6)
     return float((a - b).norm()) / scale > tolerance

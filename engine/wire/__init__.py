@@ -4,6 +4,8 @@ Layers, bottom to top (each only imports the ones beneath it)::
 
     limits.py       Limits / DEFAULT_LIMITS: hard caps checked before any allocation
         │
+    finite.py       all_finite: the NaN/inf check every untrusted tensor passes, one cheap pass
+        │
     compression.py  float16 cast, int8 blockwise absmax quantization (stated error bounds)
         │
     tensors.py      TensorMeta + payload <-> torch.Tensor (dtype whitelist, little-endian)
@@ -33,6 +35,7 @@ from .compression import (
     to_float16,
 )
 from .errors import DecodeError, EncodeError, LimitExceeded, WireError
+from .finite import all_finite
 from .limits import DEFAULT_LIMITS, Limits
 from .messages import (
     FieldValue,
@@ -66,6 +69,7 @@ __all__ = [
     "MessageHead",
     "TensorMeta",
     "WireError",
+    "all_finite",
     "decode_message",
     "decode_tensor",
     "dequantize_int8",

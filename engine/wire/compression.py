@@ -46,6 +46,7 @@ from __future__ import annotations
 import torch
 
 from .errors import EncodeError
+from .finite import all_finite
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -97,7 +98,8 @@ def to_float16(t: torch.Tensor) -> torch.Tensor:
     """Halves bandwidth; refuses to silently turn large finite values into inf."""
     _require_float(t)
     h = t.to(torch.float16)
-    if t.dtype != torch.float16 and bool((torch.isinf(h) & torch.isfinite(t)).any()):
+    # A finite result is the common case and proves that nothing overflowed, in one cheap pass.
+    if t.dtype != torch.float16 and not all_finite(h) and bool((torch.isinf(h) & torch.isfinite(t)).any()):
         raise EncodeError("finite values overflow float16 (|x| >= 65520); clip or send uncompressed")
     return h
 
@@ -119,7 +121,7 @@ def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tupl
     q = torch.empty(numel, dtype=torch.int8)
     if numel == 0:
         return scales, q
-    if not bool(torch.isfinite(flat).all()):
+    if not all_finite(flat):
         raise EncodeError("int8 quantization needs finite values (found NaN or inf)")
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // block_size)

@@ -175,6 +175,7 @@ class BbrLite:
         self.pacing_rate: float | None = None
         self.state = "startup"
         self.bw_samples: deque[float] = deque(maxlen=self.BW_WINDOW_ROUNDS)  # max rate per round
+        self.window_max = 0.0  # max(bw_samples), kept as rounds end: btl_bw is read twice per SACK
         self.round_max = 0.0
         self.full_bw = 0.0
         self.full_bw_rounds = 0
@@ -194,7 +195,8 @@ class BbrLite:
 
     @property
     def btl_bw(self) -> float:
-        return max((*self.bw_samples, self.round_max), default=0.0)
+        w, r = self.window_max, self.round_max
+        return w if w > r else r
 
     def _bdp(self) -> float:
         return self.btl_bw * (self.min_rtt or 0.0)
@@ -219,10 +221,15 @@ class BbrLite:
         self.srtt = srtt
         if new_round:
             self._end_round(now)
-        bw, bdp = self.btl_bw, self._bdp()
-        gain = {"startup": self.STARTUP_GAIN, "drain": 1 / self.STARTUP_GAIN}.get(
-            self.state, self.CYCLE[self.cycle_index]
-        )
+        bw = self.btl_bw
+        bdp = bw * (self.min_rtt or 0.0)
+        state = self.state
+        if state == "startup":
+            gain = self.STARTUP_GAIN
+        elif state == "drain":
+            gain = 1 / self.STARTUP_GAIN
+        else:
+            gain = self.CYCLE[self.cycle_index]
         if self.state == "drain" and new_round:  # the queue start-up built drains within a round
             self.state, self.cycle_at = "probe_bw", now
         if self.state == "probe_bw" and self.min_rtt and now - self.cycle_at > self.min_rtt:
@@ -253,6 +260,7 @@ class BbrLite:
 
     def _end_round(self, now: float) -> None:
         self.bw_samples.append(self.round_max)
+        self.window_max = max(self.bw_samples)
         lost, delivered = self.round_lost, self.round_delivered
         self.round_max, self.round_lost, self.round_delivered = 0.0, 0, 0
         if lost + delivered < self.LOSS_WINDOW_PACKETS * self.mtu:

@@ -1,4 +1,4 @@
-"""all_finite against torch.isfinite(t).all(), the definition, on the cases where a sum misleads."""
+"""all_finite against torch.isfinite(t).all(), the definition: every special value anywhere, every dtype."""
 
 from __future__ import annotations
 

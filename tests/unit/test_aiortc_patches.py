@@ -256,6 +256,32 @@ async def test_sack_timer_flushes_a_lone_packet() -> None:
     assert not t._sack_needed and t._sack_timer is None
 
 
+async def test_lazy_sack_timer_keeps_one_handle_and_the_delay_bound() -> None:
+    """The delayed SACK's timer is not cancelled when a SACK goes early: the handle armed for the
+    first waiting packet stays and, at expiry, re-arms for the packet that waits then. Every waiting
+    SACK still goes within SACK_DELAY of its first packet (RFC 9260 6.2), none goes twice."""
+    loop = asyncio.get_running_loop()
+    t, dtls = _established(1000)
+    await t._handle_data(_data_packet(t, 1001))  # waits; the timer is armed
+    handle = t._sack_timer
+    assert handle is not None and _sacks(dtls) == []
+    await t._handle_data(_data_packet(t, 1002))  # the second packet: its SACK goes at once
+    assert [s.cumulative_tsn for s in _sacks(dtls)] == [1002]
+    assert t._sack_timer is handle and not handle.cancelled()  # left armed, not replaced
+    await asyncio.sleep(sctp_receiver.SACK_DELAY / 2)
+    waited_from = loop.time()
+    await t._handle_data(_data_packet(t, 1003))  # waits again, on the same handle
+    assert t._sack_timer is handle
+    async with asyncio.timeout(1):
+        while len(_sacks(dtls)) < 2:
+            await asyncio.sleep(0.001)
+    took = loop.time() - waited_from
+    assert [s.cumulative_tsn for s in _sacks(dtls)] == [1002, 1003]
+    assert sctp_receiver.SACK_DELAY - 0.002 <= took <= sctp_receiver.SACK_DELAY + 0.05
+    await asyncio.sleep(sctp_receiver.SACK_DELAY + 0.02)
+    assert len(_sacks(dtls)) == 2 and t._sack_timer is None  # nothing waits: the timer stopped
+
+
 async def test_sack_immediate_on_gap_fill_and_duplicate() -> None:
     t, dtls = _established(1000)
     await t._handle_data(_data_packet(t, 1001))  # waits for a second packet

@@ -29,7 +29,8 @@ Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this
    otherwise a timer sends it within :data:`.sctp_receiver.SACK_DELAY` s. That is RFC 9260 section 6.2 exactly
    (ack at least every second packet, delay < 500 ms, 200 ms recommended; immediate on gaps and
    duplicates). The SACK chunk itself is unchanged. Halves the receiver's packets sent and the
-   sender's SACK processing.
+   sender's SACK processing. The delay's timer is lazy, as T3's is (item 7): armed once, left armed
+   when the SACK goes early, re-armed at expiry for a SACK that waits then.
 2. Reassembly without rescans (``InboundStream``). Stock ``pop_messages`` rescans every buffered
    fragment on every arrival (quadratic per message). A fragment appended after all buffered ones
    that is not a LAST fragment cannot complete a message, so we skip the scan then; every other case

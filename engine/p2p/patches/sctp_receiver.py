@@ -71,15 +71,17 @@ _stock_forward_tsn: Callable[[Any, Any], Any] = _Transport._receive_forward_tsn_
 def init_receiver(self: Any) -> None:
     """Receiver state on a new transport (called by the sender's ``__init__`` replacement)."""
     self._sack_packets = 0  # packets needing a SACK since the last one
-    self._sack_timer = None  # asyncio.TimerHandle of the delayed SACK
+    # The delayed SACK's timer is lazy, like T3's (sctp_timers): one handle, armed when a SACK first
+    # waits and left armed when the SACK goes early; at expiry it re-arms for the SACK that waits then,
+    # if any. A cancel and a new timer for every second packet cost more than the rest of its SACK.
+    self._sack_timer = None  # asyncio.TimerHandle, or None when none is armed
+    self._sack_due_at = None  # loop time by which the waiting SACK must go; None: none waits
     self._sack_urgent = False  # a FORWARD TSN arrived
     self._sack_reported_gaps = False  # the last SACK sent reported gaps
 
 
 async def _send_sack_now(self: Any) -> None:
-    if self._sack_timer is not None:
-        self._sack_timer.cancel()
-        self._sack_timer = None
+    self._sack_due_at = None  # an armed timer finds nothing waiting
     self._sack_packets = 0
     self._sack_urgent = False
     self._sack_reported_gaps = bool(self._sack_misordered)
@@ -98,8 +100,11 @@ async def _send_sack(self: Any) -> None:
         or self._association_state is not _ESTABLISHED
     ):
         await _send_sack_now(self)
-    elif self._sack_timer is None:
-        self._sack_timer = self._loop.call_later(SACK_DELAY, _sack_timer_expired, self)
+    else:
+        if self._sack_due_at is None:
+            self._sack_due_at = self._loop.time() + SACK_DELAY
+        if self._sack_timer is None:
+            self._sack_timer = self._loop.call_at(self._sack_due_at, _sack_timer_expired, self)
 
 
 _flushes: set[asyncio.Future[None]] = set()
@@ -107,10 +112,18 @@ _flushes: set[asyncio.Future[None]] = set()
 
 def _sack_timer_expired(self: Any) -> None:
     self._sack_timer = None
-    if self._sack_needed and self._association_state is not _CLOSED:
+    due = self._sack_due_at
+    if due is None or self._association_state is _CLOSED:
+        return
+    if due - self._loop.time() > 0.001:  # armed for a SACK that went early; another waits now
+        self._sack_timer = self._loop.call_at(due, _sack_timer_expired, self)
+        return
+    if self._sack_needed:
         task = asyncio.ensure_future(_flush_sack(self))
         _flushes.add(task)
         task.add_done_callback(_flushes.discard)
+    else:
+        self._sack_due_at = None
 
 
 async def _flush_sack(self: Any) -> None:

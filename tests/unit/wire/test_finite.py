@@ -47,10 +47,11 @@ def test_empty_scalar_integer_and_strided_tensors() -> None:
     assert all_finite(torch.tensor(3.0))
     assert not all_finite(torch.tensor(float("nan")))
     assert all_finite(torch.arange(10))
-    t = torch.randn(32, 32)
-    t[3, 0] = float("inf")
-    assert all_finite(t[:, 1:])  # the inf is outside the view
-    assert not all_finite(t.t()[0])
+    for dtype in FLOATS:
+        t = torch.randn(32, 32).to(dtype)
+        t[3, 0] = float("inf")
+        assert all_finite(t[:, 1:]) and all_finite(t[::2])  # the inf is outside the view
+        assert not all_finite(t.t()[0]) and not all_finite(t.t())
 
 
 @settings(max_examples=200, deadline=None)

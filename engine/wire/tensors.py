@@ -196,11 +196,9 @@ def _frombuffer(payload: memoryview, dtype: torch.dtype, count: int) -> torch.Te
     t = torch.frombuffer(buf, dtype=torch.uint8, count=count * dtype.itemsize)
     if dtype.itemsize > 1 and t.data_ptr() % dtype.itemsize:
         # A misaligned slice of a larger frame: one copy beats unaligned-access surprises. A bytearray
-        # (malloc'd, so aligned) rather than a torch clone: this runs on the event loop, where a torch
-        # copy opens an OpenMP team beside the host's compute and waits for its cores (see finite.py).
+        # (CPython's allocators align to 16 bytes) rather than a torch clone: this runs on the event
+        # loop, where a torch copy opens an OpenMP team beside the host's compute (see finite.py).
         t = torch.frombuffer(bytearray(payload), dtype=torch.uint8, count=count * dtype.itemsize)
-        if t.data_ptr() % dtype.itemsize:
-            t = t.clone()
     return t.view(dtype)
 
 

@@ -221,8 +221,7 @@ class BbrLite:
         self.srtt = srtt
         if new_round:
             self._end_round(now)
-        bw = self.btl_bw
-        bdp = bw * (self.min_rtt or 0.0)
+        bw, bdp = self.btl_bw, self._bdp()
         state = self.state
         if state == "startup":
             gain = self.STARTUP_GAIN

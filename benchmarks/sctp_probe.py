@@ -58,6 +58,8 @@ def _setup(
     return asyncio.new_event_loop()
 
 
+_SCTP_SHOWN = ("retransmissions", "rto_expiries", "cc", "sack_every")
+
 def _config() -> Any:
     from aiortc import RTCConfiguration
 
@@ -67,6 +69,8 @@ def _config() -> Any:
 async def _sender(conn: Connection, args: argparse.Namespace) -> dict[str, Any]:
     from aiortc import RTCPeerConnection, RTCSessionDescription
 
+    from engine.p2p.patches import advertise_sack_frequency, agree_sack_frequency
+
     pc = RTCPeerConnection(_config())
     ch = pc.createDataChannel("probe")
     opened = asyncio.Event()
@@ -74,9 +78,11 @@ async def _sender(conn: Connection, args: argparse.Namespace) -> dict[str, Any]:
     ch.on("open", opened.set)
     ch.on("bufferedamountlow", low.set)
     await pc.setLocalDescription(await pc.createOffer())
-    conn.send((pc.localDescription.sdp, pc.localDescription.type))
+    offer = advertise_sack_frequency(pc.localDescription.sdp)  # as a node's link does; stock: unchanged
+    conn.send((offer, pc.localDescription.type))
     sdp, typ = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=typ))
+    agree_sack_frequency(pc.sctp, offer, sdp)
     await asyncio.wait_for(opened.wait(), 30)
 
     msg = args.msg_kib * 1024
@@ -108,13 +114,15 @@ async def _sender(conn: Connection, args: argparse.Namespace) -> dict[str, Any]:
         "wall": t1 - t0,
         "cpu_sender_send": c1 - c0,
         "sha_ok": ack["sha"] == digest.hexdigest(),
-        "sctp": {k: v for k, v in sctp.items() if k in ("retransmissions", "rto_expiries", "cc")},
+        "sctp": {k: v for k, v in sctp.items() if k in _SCTP_SHOWN},
         **ack,
     }
 
 
 async def _receiver(conn: Connection, args: argparse.Namespace) -> None:
     from aiortc import RTCPeerConnection, RTCSessionDescription
+
+    from engine.p2p.patches import advertise_sack_frequency, agree_sack_frequency
 
     pc = RTCPeerConnection(_config())
     total = args.mib * MIB
@@ -135,7 +143,9 @@ async def _receiver(conn: Connection, args: argparse.Namespace) -> None:
     sdp, typ = await asyncio.get_running_loop().run_in_executor(None, conn.recv)
     await pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=typ))
     await pc.setLocalDescription(await pc.createAnswer())
-    conn.send((pc.localDescription.sdp, pc.localDescription.type))
+    answer = advertise_sack_frequency(pc.localDescription.sdp)
+    agree_sack_frequency(pc.sctp, answer, sdp)
+    conn.send((answer, pc.localDescription.type))
     await asyncio.wait_for(done.wait(), 600)
     c1, t1 = time.process_time(), time.perf_counter()
     conn.send(

@@ -72,6 +72,8 @@ def _install_patches() -> None:
 async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, msg: int) -> None:
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+    from engine.p2p.patches import advertise_sack_frequency, agree_sack_frequency  # no-ops when stock
+
     pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
     done = asyncio.Event()
     opened = asyncio.Event()
@@ -79,9 +81,11 @@ async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, m
         dc = pc.createDataChannel("bench")
         dc.on("open", opened.set)
         await pc.setLocalDescription(await pc.createOffer())
-        sdp.send(pc.localDescription.sdp)
+        offer = advertise_sack_frequency(pc.localDescription.sdp)  # as a node's link does
+        sdp.send(offer)
         answer = await asyncio.get_running_loop().run_in_executor(None, sdp.recv)
         await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+        agree_sack_frequency(pc.sctp, offer, answer)
         await asyncio.wait_for(opened.wait(), 30)
         ctl.send("ready")
         await asyncio.get_running_loop().run_in_executor(None, ctl.recv)
@@ -112,7 +116,9 @@ async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, m
         offer = await asyncio.get_running_loop().run_in_executor(None, sdp.recv)
         await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
         await pc.setLocalDescription(await pc.createAnswer())
-        sdp.send(pc.localDescription.sdp)
+        answer = advertise_sack_frequency(pc.localDescription.sdp)
+        agree_sack_frequency(pc.sctp, answer, offer)
+        sdp.send(answer)
         await asyncio.wait_for(done.wait(), 600)
         ctl.send("done")
     await pc.close()

@@ -244,7 +244,8 @@ def tail_calls(n: int, rtt_ms: float) -> dict[str, float]:
     return asyncio.run(tail_call_times(n, rtt_ms / 2000))
 
 
-_SHOWN = ("fast_retransmits", "rack_losses", "tlp_probes", "rto_expiries", "recoveries", "srtt_ms", "cwnd")
+_SHOWN = ("fast_retransmits", "rack_losses", "tlp_probes", "rto_expiries", "recoveries", "srtt_ms", "cwnd",
+          "sack_every")
 
 
 def _f(x: float | None) -> str:

@@ -176,9 +176,11 @@ async def aiortc_side(args: argparse.Namespace) -> None:
         opened = asyncio.Event()
         ch.on("open", opened.set)
         await pc.setLocalDescription(await pc.createOffer())
-        _say({"offer": pc.localDescription.sdp})
+        offer = patches.advertise_sack_frequency(pc.localDescription.sdp)  # as a node's link does
+        _say({"offer": offer})
         answer = await _read_line()
         await pc.setRemoteDescription(RTCSessionDescription(answer["answer"], "answer"))
+        patches.agree_sack_frequency(pc.sctp, offer, answer["answer"])
         await asyncio.wait_for(opened.wait(), 30)
         ch.bufferedAmountLowThreshold = 256 << 10
         low = asyncio.Event()
@@ -211,7 +213,9 @@ async def aiortc_side(args: argparse.Namespace) -> None:
         offer = await _read_line()
         await pc.setRemoteDescription(RTCSessionDescription(offer["offer"], "offer"))
         await pc.setLocalDescription(await pc.createAnswer())
-        _say({"answer": pc.localDescription.sdp})
+        answer = patches.advertise_sack_frequency(pc.localDescription.sdp)
+        patches.agree_sack_frequency(pc.sctp, answer, offer["offer"])
+        _say({"answer": answer})
         await asyncio.wait_for(meter.wait(), args.duration + 60)
         _say(meter.result())
         await _read_line()

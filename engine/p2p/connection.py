@@ -30,7 +30,7 @@ from .descriptions import SignedDescription, sign_description, verify_descriptio
 from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .ice_servers import DEFAULT_PROBE, IceServerProbe
 from .identity import Identity
-from .patches import set_congestion_control
+from .patches import advertise_sack_frequency, agree_sack_frequency, set_congestion_control
 from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, Handlers, RpcEndpoint
 from .signaling_protocol import IceServer
 
@@ -249,14 +249,14 @@ async def dial(
             channel = pc.createDataChannel(RPC_LABEL, ordered=True, protocol=RPC_PROTOCOL)
             early = EarlyFrames(channel)
             await pc.setLocalDescription(await pc.createOffer())
-            await send(
-                remote_id, sign_description(identity, "offer", pc.localDescription.sdp, remote_id, session)
-            )
+            offer_sdp = advertise_sack_frequency(pc.localDescription.sdp)
+            await send(remote_id, sign_description(identity, "offer", offer_sdp, remote_id, session))
             desc = await answer
             fingerprints = verify_description(desc, expected_sender=remote_id, me=identity.peer_id)
             if desc.type != "answer" or desc.session != session:
                 raise PeerMismatch("answer does not belong to our offer")
             await pc.setRemoteDescription(RTCSessionDescription(sdp=desc.sdp, type="answer"))
+            agree_sack_frequency(pc.sctp, offer_sdp, desc.sdp)
             await _wait_open(channel, config.connect_timeout)
             check_fingerprint(pc, fingerprints, remote_id)
     except TimeoutError as e:
@@ -297,7 +297,9 @@ async def accept(
         async with asyncio.timeout(config.connect_timeout):
             await pc.setRemoteDescription(RTCSessionDescription(sdp=offer.sdp, type="offer"))
             await pc.setLocalDescription(await pc.createAnswer())
-            answer = sign_description(identity, "answer", pc.localDescription.sdp, remote_id, offer.session)
+            answer_sdp = advertise_sack_frequency(pc.localDescription.sdp)
+            agree_sack_frequency(pc.sctp, answer_sdp, offer.sdp)
+            answer = sign_description(identity, "answer", answer_sdp, remote_id, offer.session)
             await send(remote_id, answer)
             channel = await incoming
             await _wait_open(channel, config.connect_timeout)

@@ -8,7 +8,7 @@ import os
 from typing import Any
 
 import pytest
-from aiortc import RTCConfiguration, RTCPeerConnection
+from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
 from engine.p2p import patches
 
@@ -17,7 +17,10 @@ pytestmark = pytest.mark.integration
 MIB = 1 << 20
 
 
-async def _connected_pair(**channel_options: Any) -> tuple[Any, Any, Any, asyncio.Queue[Any]]:
+async def _connected_pair(
+    asks: tuple[bool, bool] = (False, False), **channel_options: Any
+) -> tuple[Any, Any, Any, asyncio.Queue[Any]]:
+    """Two connected peers; ``asks``: which of them puts the SACK-frequency attribute in its SDP."""
     patches.pin_host_addresses(["127.0.0.1"])
     patches.install(strict=True)
     a = RTCPeerConnection(RTCConfiguration(iceServers=[]))
@@ -34,17 +37,25 @@ async def _connected_pair(**channel_options: Any) -> tuple[Any, Any, Any, asynci
     opened = asyncio.Event()
     channel.on("open", opened.set)
     await a.setLocalDescription(await a.createOffer())
-    await b.setRemoteDescription(a.localDescription)
+    offer = patches.advertise_sack_frequency(a.localDescription.sdp) if asks[0] else a.localDescription.sdp
+    await b.setRemoteDescription(RTCSessionDescription(offer, "offer"))
     await b.setLocalDescription(await b.createAnswer())
-    await a.setRemoteDescription(b.localDescription)
+    answer = patches.advertise_sack_frequency(b.localDescription.sdp) if asks[1] else b.localDescription.sdp
+    patches.agree_sack_frequency(b.sctp, answer, offer)
+    await a.setRemoteDescription(RTCSessionDescription(answer, "answer"))
+    patches.agree_sack_frequency(a.sctp, offer, answer)
     await asyncio.wait_for(opened.wait(), 30)
     await asyncio.wait_for(remote, 30)
     return a, b, channel, inbox
 
 
-async def test_bulk_transfer_in_order() -> None:
-    a, b, channel, inbox = await _connected_pair()
+@pytest.mark.parametrize("asks", [(False, False), (True, True)], ids=["standard", "sack-every-16"])
+async def test_bulk_transfer_in_order(asks: tuple[bool, bool]) -> None:
+    a, b, channel, inbox = await _connected_pair(asks)
     try:
+        want = 16 if all(asks) else 2
+        ends = [patches.transport_stats(pc.sctp)["sack_every"] for pc in (a, b)]
+        assert ends == [want, want]
         total, size = 8 * MIB, 256 * 1024
         channel.bufferedAmountLowThreshold = 512 * 1024
         low = asyncio.Event()
@@ -80,6 +91,19 @@ async def test_unordered_and_unreliable_sanity(options: dict[str, Any]) -> None:
             channel.send(message)
         got = [await asyncio.wait_for(inbox.get(), 30) for _ in sent]  # loopback loses nothing
         assert sorted(got) == sorted(sent)
+    finally:
+        await asyncio.wait_for(a.close(), 10)
+        await asyncio.wait_for(b.close(), 10)
+
+
+@pytest.mark.parametrize("asks", [(True, False), (False, True)])
+async def test_one_side_asking_for_fewer_sacks_changes_nothing(asks: tuple[bool, bool]) -> None:
+    """aiortc ignores the attribute it does not know; the side that asked stays standard too."""
+    a, b, channel, inbox = await _connected_pair(asks)
+    try:
+        assert [patches.transport_stats(pc.sctp)["sack_every"] for pc in (a, b)] == [2, 2]
+        channel.send(b"x" * 100_000)
+        assert len(await asyncio.wait_for(inbox.get(), 30)) == 100_000
     finally:
         await asyncio.wait_for(a.close(), 10)
         await asyncio.wait_for(b.close(), 10)

@@ -16,7 +16,7 @@ from typing import Any
 from aiortc import rtcsctptransport as sctp
 from aiortc.rtcdatachannel import RTCDataChannel, RTCDataChannelParameters
 
-from engine.p2p.patches import registry
+from engine.p2p.patches import ack_frequency, registry
 
 _StockInbound: Any = registry.ORIGINALS["aiortc.rtcsctptransport.InboundStream"]
 
@@ -76,6 +76,12 @@ class FakeDtls:
                 self._deliver(data)
 
 
+def _sdp(sack_every: int | None) -> str:
+    """The application section of a description, with the SACK-frequency attribute or without."""
+    sdp = "v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=sctp-port:5000\r\n"
+    return sdp if sack_every is None else sdp + f"a={ack_frequency.ATTRIBUTE}:{sack_every}\r\n"
+
+
 def data_tsns(packets: list[bytes]) -> list[int]:
     return [c.tsn for p in packets for c in sctp.parse_packet(p)[3] if isinstance(c, sctp.DataChunk)]
 
@@ -106,8 +112,16 @@ async def run_pair(
     data_loss_only: bool = False,
     duplicate: float = 0.0,
     timeout: float = 60.0,
+    sack_every: int | None = None,
+    agree_on: str = "both",
+    measure: list[float] | None = None,
 ) -> tuple[list[bytes], list[bytes], Any, FakeDtls]:
-    """Send ``n`` random messages a -> b; returns (sent, received, sender transport, sender's dtls)."""
+    """Send ``n`` random messages a -> b; returns (sent, received, sender transport, sender's dtls).
+
+    ``sack_every``: each patched side (``agree_on``: "both", or only the "sender") asks for a SACK every
+    that many packets in its description, as ``ack_frequency.advertise`` would, and each side applies
+    what the two descriptions agree. ``measure``: gets the seconds from the first send until the
+    sender's last chunk was acknowledged."""
     rng = random.Random(seed)
     da, db = FakeDtls("client", delay), FakeDtls("server", delay)
     da.peer, db.peer = db, da
@@ -127,6 +141,11 @@ async def run_pair(
             if len(received) == n:
                 done.set()
 
+    if sack_every is not None:
+        asks = {"both": (a, b), "sender": (a,)}[agree_on]
+        sdps = [_sdp(sack_every if t in asks and hasattr(t, "_lah_sack_every") else None) for t in (a, b)]
+        ack_frequency.apply(a, sdps[0], sdps[1])
+        ack_frequency.apply(b, sdps[1], sdps[0])
     await a.start(b.getCapabilities(), 5000)
     await b.start(a.getCapabilities(), 5000)
     try:
@@ -137,9 +156,17 @@ async def run_pair(
             while channel.readyState != "open":
                 await asyncio.sleep(0.01)
             sent = [os.urandom(rng.randrange(1, size)) for _ in range(n)]
+            if measure is not None:  # fixed sizes, and the channel's opening SACKed (by its timer)
+                sent = [os.urandom(size) for _ in range(n)]
+                await asyncio.sleep(0.05)
+            started = asyncio.get_running_loop().time()
             for message in sent:
                 channel.send(message)
             await done.wait()
+            if measure is not None:
+                while a._sent_queue or a._outbound_queue:
+                    await asyncio.sleep(0.0005)
+                measure.append(asyncio.get_running_loop().time() - started)
     finally:
         await a.stop()
         await b.stop()

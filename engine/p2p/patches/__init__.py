@@ -3,16 +3,18 @@
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
 :mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
 :mod:`.sctp_timers`) and :mod:`.dtls` (records and datagrams, below SCTP) hold the replacements;
-:mod:`.congestion` holds the pure congestion controllers the sender drives. :func:`install` is called
-explicitly once at process start (the ``lah`` CLI, tests' conftest, benchmarks), never by a
-constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or where a replaced
-function's source hash differs, the group concerned stays stock and a warning is logged: the node runs
-on plain aiortc, slower but correct. ``install(strict=True)`` raises :class:`PatchMismatch` instead.
+:mod:`.congestion` holds the pure congestion controllers the sender drives; :mod:`.ack_frequency`
+is the SDP agreement on how often a receiver SACKs (a connection calls it around its descriptions).
+:func:`install` is called explicitly once at process start (the ``lah`` CLI, tests' conftest,
+benchmarks), never by a constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or
+where a replaced function's source hash differs, the group concerned stays stock and a warning is
+logged: the node runs on plain aiortc, slower but correct. ``install(strict=True)`` raises
+:class:`PatchMismatch` instead.
 
 aiortc is correct but not built for bulk tensors: its costs are per SCTP packet (about 60 ms of
 CPU per MiB moved on a 2-core machine). The changes here stay inside what the standards allow, so a
-browser or any other WebRTC stack still interoperates with us: packet sizes, the SCTP wire format and
-the SDP are untouched.
+browser or any other WebRTC stack still interoperates with us: packet sizes and the SCTP wire format are
+untouched, and the SDP gains one attribute that other stacks ignore (:mod:`.ack_frequency`).
 
 Host candidate pinning (:mod:`.hosts`): aioice gathers host candidates on exactly the addresses
 given to :func:`pin_host_addresses` (tests and the local demo stay on loopback).
@@ -24,8 +26,10 @@ peer's receive window honoured, 4 MiB advertised, CUBIC or a BBR-style controlle
 Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this docstring):
 
 1. Delayed SACK (``RTCSctpTransport._send_sack``). Stock aiortc SACKs every DATA packet. We SACK
-   every second packet carrying DATA, and at once when the SACK reports a gap or a duplicate, when
-   the previous SACK reported a gap (it is now filled), on FORWARD TSN, or outside ESTABLISHED;
+   every second packet carrying DATA (every N where both peers agreed N in the SDP,
+   :mod:`.ack_frequency`), and at once when a chunk carries RFC 7053's I bit, when the SACK reports a
+   gap or a duplicate, when the previous SACK reported a gap (it is now filled), on FORWARD TSN, or
+   outside ESTABLISHED;
    otherwise a timer sends it within :data:`.sctp_receiver.SACK_DELAY` s. That is RFC 9260 section 6.2 exactly
    (ack at least every second packet, delay < 500 ms, 200 ms recommended; immediate on gaps and
    duplicates). The SACK chunk itself is unchanged. Halves the receiver's packets sent and the
@@ -74,7 +78,7 @@ import logging
 from collections.abc import Sequence
 
 from ..errors import PatchMismatch
-from . import congestion, dtls, hosts, registry, sctp_sender
+from . import ack_frequency, congestion, dtls, hosts, registry, sctp_sender
 
 logger = logging.getLogger(__name__)
 
@@ -139,10 +143,23 @@ def set_congestion_control(transport: object, name: str) -> None:
         sctp_sender.set_controller(transport, name)
 
 
+def advertise_sack_frequency(sdp: str) -> str:
+    """The local description to sign and send: with our SACK-frequency attribute where the SCTP
+    patches run (:mod:`.ack_frequency`)."""
+    return ack_frequency.advertise(sdp)
+
+
+def agree_sack_frequency(transport: object, local_sdp: str, remote_sdp: str) -> int:
+    """Set an association (``RTCPeerConnection.sctp``) to the SACK frequency both descriptions agree
+    on; returns packets per SACK (2, the standard, unless both sides asked for more)."""
+    return ack_frequency.apply(transport, local_sdp, remote_sdp)
+
+
 def transport_stats(transport: object) -> dict[str, object]:
     """Retransmissions, recoveries, RTO expiries, srtt, cwnd... of one association ({} when stock), and
     which record layer its DTLS transport runs (``records``: compiled, openssl or stock)."""
     stats = sctp_sender.stats(transport)
     if stats:
         stats["records"] = dtls.record_layer(getattr(transport, "transport", None) or transport)
+        stats["sack_every"] = ack_frequency.sack_every(transport)
     return stats

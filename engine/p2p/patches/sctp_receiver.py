@@ -17,6 +17,7 @@ from aiortc.utils import uint32_gt as _uint32_gt
 
 # Longest a SACK waits for a second DATA packet (RFC 9260 section 6.2: < 500 ms, 200 ms advised).
 SACK_DELAY = 0.02
+_I_BIT = 0x08  # RFC 7053: the sender waits for this SACK (ack_frequency)
 
 _StockInboundStream: Any = sctp.InboundStream
 _stock_add_chunk: Callable[[Any, Any], None] = _StockInboundStream.add_chunk
@@ -71,12 +72,13 @@ _stock_forward_tsn: Callable[[Any, Any], Any] = _Transport._receive_forward_tsn_
 def init_receiver(self: Any) -> None:
     """Receiver state on a new transport (called by the sender's ``__init__`` replacement)."""
     self._sack_packets = 0  # packets needing a SACK since the last one
+    self._lah_sack_every = 2  # packets per SACK: RFC 9260's 2 unless the peers agreed more (ack_frequency)
     # The delayed SACK's timer is lazy, like T3's (sctp_timers): one handle, armed when a SACK first
     # waits and left armed when the SACK goes early; at expiry it re-arms for the SACK that waits then,
     # if any. A cancel and a new timer for every second packet cost more than the rest of its SACK.
     self._sack_timer = None  # asyncio.TimerHandle, or None when none is armed
     self._sack_due_at = None  # loop time by which the waiting SACK must go; None: none waits
-    self._sack_urgent = False  # a FORWARD TSN arrived
+    self._sack_urgent = False  # a FORWARD TSN, or a DATA chunk with the I bit, arrived
     self._sack_reported_gaps = False  # the last SACK sent reported gaps
 
 
@@ -92,7 +94,7 @@ async def _send_sack(self: Any) -> None:
     """Called by ``_handle_data`` once per packet that needs a SACK: send it now or arm the timer."""
     self._sack_packets += 1
     if (
-        self._sack_packets >= 2
+        self._sack_packets >= self._lah_sack_every
         or self._sack_misordered
         or self._sack_duplicates
         or self._sack_reported_gaps
@@ -201,7 +203,10 @@ _stock_receive_data_chunk: Callable[[Any, Any], Any] = _Transport._receive_data_
 async def _receive_data_chunk(self: Any, chunk: Any) -> None:
     """Stock ``_receive_data_chunk`` without awaiting ``_reset_deferred_streams`` when no stream reset
     waits (``_reconfig_deferred`` is None): that coroutine then does nothing, but costs a coroutine per
-    DATA chunk. A deferred reset runs the stock code."""
+    DATA chunk. A deferred reset runs the stock code. A chunk with RFC 7053's I bit is SACKed at once
+    (``ack_frequency``), whoever sent it."""
+    if chunk.flags & _I_BIT:
+        self._sack_urgent = True
     if self._reconfig_deferred is not None:
         await _stock_receive_data_chunk(self, chunk)
         return

@@ -26,6 +26,9 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
 - **Initial window** 10 MTUs and a :data:`RECEIVE_WINDOW` advertised to the peer (stock: 1 MiB).
 - **Flush keeps the window full**: when the outbound queue runs dry with room left, the next data
   channel messages are handed to SCTP at once instead of on the next SACK.
+- **I bit** (RFC 7053), where the peers agreed a SACK every N packets (:mod:`.ack_frequency`): set on
+  the chunk after which the sender waits for a SACK (window or PRR quota full, the peer's window full,
+  nothing more queued), on every retransmission and on the tail-loss probe.
 - **Defensive SACK handling**: a cumulative ack beyond the highest TSN sent is ignored and logged; gap
   blocks that are empty, reversed or beyond what was sent are skipped and counted.
 
@@ -65,6 +68,7 @@ PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire la
 DEFAULT_CONTROLLER = "bbr"  # benchmarks/wan.py: the best under random loss (see ARCHITECTURE.md)
 
 _MTU = sctp.USERDATA_MAX_LENGTH
+_I_BIT = 0x08  # RFC 7053's "SACK immediately" flag
 _MOD = sctp.SCTP_TSN_MODULO
 _Transport: Any = sctp.RTCSctpTransport
 _ESTABLISHED = _Transport.State.ESTABLISHED
@@ -133,6 +137,7 @@ def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     self._pace_time = now
     self._pace_handle = None
     self._flushing = False
+    self._lah_mark_waits = False  # set I bits: the peer SACKs every N packets (ack_frequency.apply)
 
 
 def set_controller(transport: Any, name: str) -> None:
@@ -417,6 +422,8 @@ async def _transmit(self: Any) -> None:
             c._sent_count += 1
             c._sent_time = now
             st.retransmissions += 1
+            if self._lah_mark_waits:
+                c.flags |= _I_BIT
             await self._send_chunk(c)
             if q and q[0] is c:
                 self._t3_restart()
@@ -436,6 +443,8 @@ async def _transmit(self: Any) -> None:
         _spend(self, size)
         self._peer_rwnd = max(0, self._peer_rwnd - size)
         _first_send(self, c, now)
+        if self._lah_mark_waits and _waits_after(self):
+            c.flags |= _I_BIT
         await self._send_chunk(c)
         if not self._t3_handle:
             self._t3_start()
@@ -453,6 +462,18 @@ async def _transmit(self: Any) -> None:
         wait = max(0.001, (_MTU - self._pace_tokens) / self._cc.pacing_rate)
         self._pace_handle = self._loop.call_later(wait, _pace_expired, self)
     sctp_timers.arm_tlp(self, now)
+
+
+def _waits_after(self: Any) -> bool:
+    """Whether the chunk just counted as sent is the last before a SACK: nothing more is queued, or
+    the next chunk fits neither the window (PRR's quota in recovery) nor the peer's receive window.
+    Pacing is left out: the pacer's timer sends the next chunk without any SACK."""
+    queue = self._outbound_queue
+    if not queue:
+        return not self._data_channel_queue
+    size: int = queue[0]._book_size
+    room: int = self._prr_quota if self._in_recovery else self._cc.cwnd - self._flight_size
+    return room < size or self._peer_rwnd < size
 
 
 def _first_send(self: Any, c: Any, now: float) -> None:

@@ -55,6 +55,8 @@ async def _send_probe(self: Any) -> None:
         c = self._outbound_queue.popleft()
         self._sent_queue.append(c)
         s._first_send(self, c, now)
+        if self._lah_mark_waits:  # a probe is sent to draw a SACK (RFC 7053's I bit: at once)
+            c.flags |= s._I_BIT
         await self._send_chunk(c)
         return
     for c in reversed(self._sent_queue):
@@ -64,6 +66,8 @@ async def _send_probe(self: Any) -> None:
             c._sent_count += 1
             c._sent_time = now
             self._lah_stats.retransmissions += 1
+            if self._lah_mark_waits:
+                c.flags |= s._I_BIT
             await self._send_chunk(c)
             return
 

@@ -1,4 +1,5 @@
-"""``seal_send``: the compiled record layer's own sendto, over real UDP sockets on loopback only.
+"""The compiled record layer's own sends (``seal_send``, ``send_data_chunks``), over real UDP sockets on
+loopback only.
 
 Not tested here: the EAGAIN/ENOBUFS path that hands the record back. Loopback UDP does not report a
 full buffer (the kernel drops at the receiver instead), so it cannot be provoked without a fake socket.
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -170,3 +172,82 @@ def test_sctp_packets_sent_in_one_call_arrive_as_aiortc_would_have_written_them(
     finally:
         tx.close()
         rx.close()
+
+
+def _chunk(tsn: int, data: bytes, flags: int = 3, ssn: int = 2) -> Any:
+    from aiortc.rtcsctptransport import DataChunk
+
+    chunk = DataChunk(flags=flags)
+    chunk.tsn, chunk.stream_id, chunk.stream_seq, chunk.protocol, chunk.user_data = tsn, 1, ssn, 51, data
+    return chunk
+
+
+@pytest.fixture
+def burst_pair(udp4: tuple[socket.socket, socket.socket]) -> Iterator[tuple[Any, Any, socket.socket]]:
+    tx, rx = udp4
+    rx.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 << 20)  # a whole burst waits in it
+    a, b = _layers()
+    a.set_destination(tx.fileno(), "127.0.0.1", rx.getsockname()[1])
+    yield a, b, rx
+
+
+@pytest.mark.parametrize("count", [1, 16, 64, 150])
+def test_a_burst_arrives_in_order_as_one_call_each_would_have_sent_it(
+    count: int, burst_pair: tuple[Any, Any, socket.socket]
+) -> None:
+    """send_data_chunks: the packets send_data_chunk would have sent for each chunk, in order, across
+    sendmmsg batches (64 packets, 64 KiB) when the burst is longer; counts returned for the caller."""
+    a, b, rx = burst_pair
+    last = count - 1  # the last carries the I bit, as a sender's last before waiting does
+    chunks = [_chunk(7 + i, os.urandom(1200 - i % 5), flags=3 | 8 * (i == last)) for i in range(count)]
+    packets, packet_bytes, unsent = a.send_data_chunks(5000, 5001, 0xCAFE, chunks)
+    expected = [
+        _records.data_packet(5000, 5001, 0xCAFE, c.flags, c.tsn, 1, 2, 51, c.user_data) for c in chunks
+    ]
+    got = [b.open(rx.recv(2048)) for _ in chunks]
+    assert got == expected and unsent is None
+    assert packets == count and packet_bytes == sum(map(len, expected)) and a.write_seq == count
+
+
+def test_an_empty_burst_sends_nothing(burst_pair: tuple[Any, Any, socket.socket]) -> None:
+    a, _, _ = burst_pair
+    assert a.send_data_chunks(5000, 5000, 1, []) == (0, 0, None) and a.write_seq == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [
+        ({"tsn": 1 << 32}, ValueError),
+        ({"stream_seq": -1}, OverflowError),
+        ({"flags": 256}, ValueError),
+        ({"user_data": "text"}, TypeError),
+        ({"user_data": bytes(16_400)}, ValueError),
+        ({"protocol": None}, TypeError),
+    ],
+)
+def test_a_bad_chunk_raises_after_the_ones_before_it_went(
+    bad: dict[str, Any], error: type[Exception], burst_pair: tuple[Any, Any, socket.socket]
+) -> None:
+    a, b, rx = burst_pair
+    chunks = [_chunk(1 + i, os.urandom(100)) for i in range(5)]
+    for name, value in bad.items():
+        setattr(chunks[3], name, value)
+    with pytest.raises(error):
+        a.send_data_chunks(5000, 5000, 1, chunks)
+    assert [b.open(rx.recv(2048))[12:] for _ in range(3)] == [bytes(c) for c in chunks[:3]]
+    assert a.write_seq == 3  # nothing sealed for the bad chunk or after it
+    rx.settimeout(0.2)
+    with pytest.raises(TimeoutError):
+        rx.recv(2048)
+
+
+def test_burst_arguments_are_checked(burst_pair: tuple[Any, Any, socket.socket]) -> None:
+    a, _, _ = burst_pair
+    with pytest.raises(TypeError):
+        a.send_data_chunks(5000, 5000, 1, (_chunk(1, b"x"),))  # a list, not any sequence
+    with pytest.raises(ValueError, match="16 bits"):
+        a.send_data_chunks(70000, 5000, 1, [_chunk(1, b"x")])
+    nowhere, _ = _layers()
+    with pytest.raises(RuntimeError, match="destination"):
+        nowhere.send_data_chunks(5000, 5000, 1, [_chunk(1, b"x")])
+    assert a.write_seq == 0 and nowhere.write_seq == 0

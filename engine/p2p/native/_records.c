@@ -55,8 +55,9 @@ static void aad(unsigned char out[13], const unsigned char *epoch_seq, int type,
     out[12] = (unsigned char)len;
 }
 
-/* Seal payload into self->buf; the record's length, or -1 with a Python error set. */
-Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type) {
+/* Seal payload into out (room for len + RECORD_OVERHEAD); the record's length, or -1 with a Python error. */
+Py_ssize_t rl_seal_to(RecordLayer *self, unsigned char *out_record, const unsigned char *payload, Py_ssize_t len,
+                      int type) {
     if (len > MAX_PLAIN) {
         PyErr_Format(PyExc_ValueError, "a DTLS record holds at most %d bytes, got %zd", MAX_PLAIN, len);
         return -1;
@@ -65,7 +66,7 @@ Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssiz
         PyErr_SetString(PyExc_OverflowError, "the sequence numbers of this epoch are used up (2**48)");
         return -1;
     }
-    unsigned char *h = self->buf, ad[13], iv[12];
+    unsigned char *h = out_record, ad[13], iv[12];
     Py_ssize_t body = (self->gcm ? EXPLICIT : 0) + len + TAG;
     h[0] = (unsigned char)type;
     h[1] = 0xfe;
@@ -94,6 +95,10 @@ Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssiz
     self->write_seq++;
     self->sealed++;
     return HEADER + body;
+}
+
+Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type) {
+    return rl_seal_to(self, self->buf, payload, len, type);
 }
 
 /* seal's and seal_send's (payload, content_type=23), parsed by hand: they run once per packet, and
@@ -406,6 +411,7 @@ static void dealloc(RecordLayer *self) {
     OPENSSL_cleanse(self->write_iv, sizeof self->write_iv);
     OPENSSL_cleanse(self->read_iv, sizeof self->read_iv);
     OPENSSL_cleanse(self->buf, sizeof self->buf);
+    rl_burst_free(self);
     Py_XDECREF(self->cipher);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
@@ -439,6 +445,14 @@ static PyMethodDef methods[] = {
      "The SCTP packet of one DATA chunk, the bytes aiortc's serialize_packet writes (CRC32c included),\n"
      "built, sealed and sent in one call: SCTP's per-packet send without a Python step. Returns as\n"
      "seal_send does."},
+    {"send_data_chunks", (PyCFunction)rl_send_data_chunks, METH_VARARGS,
+     "send_data_chunks(src_port, dst_port, vtag, chunks) -> (packets, packet_bytes, unsent)\n\n"
+     "send_data_chunk for each DATA chunk of a list (objects with aiortc's DataChunk fields: flags,\n"
+     "tsn, stream_id, stream_seq, protocol, user_data), in order, sent with one sendmmsg per up to\n"
+     "64 packets where the platform has it: the burst one SACK releases, without a Python step per\n"
+     "packet. unsent: None, or the records from the first one the socket refused on (EAGAIN,\n"
+     "ENOBUFS), in order, for the caller to queue; a record another error refused counts as lost on\n"
+     "the wire (SCTP resends it), as a lost datagram would."},
     {"send_packet", (PyCFunction)rl_send_packet, METH_VARARGS,
      "send_packet(src_port, dst_port, vtag, chunk) -> bytes | None\n\n"
      "The same for a chunk already serialized (a SACK, a HEARTBEAT...)."},
@@ -501,6 +515,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "engine.p2p.native._r
 
 PyMODINIT_FUNC PyInit__records(void) {
     sctp_crc32c_init();
+    if (rl_burst_init() < 0) return NULL;
     if (PyType_Ready(&RecordLayerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -1,5 +1,7 @@
 """Types of the compiled DTLS 1.2 record layer (_records.c); see the module's own docstring for why."""
 
+from typing import Any
+
 from typing_extensions import Buffer
 
 __version__: str
@@ -35,6 +37,9 @@ class RecordLayer:
         ppid: int, user_data: Buffer, /,
     ) -> bytes | None: ...
     def send_packet(self, src_port: int, dst_port: int, vtag: int, chunk: Buffer, /) -> bytes | None: ...
+    def send_data_chunks(
+        self, src_port: int, dst_port: int, vtag: int, chunks: list[Any], /
+    ) -> tuple[int, int, list[bytes] | None]: ...
     @property
     def cipher(self) -> str: ...
     @property

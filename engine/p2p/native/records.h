@@ -35,6 +35,8 @@
 #define WINDOW 64
 #define APPLICATION_DATA 23
 
+struct rl_burst;
+
 typedef struct {
     PyObject_HEAD
     EVP_CIPHER_CTX *enc;      /* keyed once in __init__; each record sets only its nonce */
@@ -53,12 +55,17 @@ typedef struct {
     unsigned long long sealed, opened, dropped_auth, dropped_replay, dropped_short, dropped_crc;
     unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
     unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
+    struct rl_burst *burst;         /* send_data_chunks' records and message headers (sctp_burst.c); lazy */
 } RecordLayer;
+
+#define RECORD_OVERHEAD (HEADER + EXPLICIT + TAG)  /* the most a record adds to its payload */
 
 /* The record side (_records.c). */
 int rl_ready(const RecordLayer *self);
 int rl_no_destination(RecordLayer *self);
 Py_ssize_t rl_seal_into(RecordLayer *self, const unsigned char *payload, Py_ssize_t len, int type);
+Py_ssize_t rl_seal_to(RecordLayer *self, unsigned char *out_record, const unsigned char *payload, Py_ssize_t len,
+                      int type);
 PyObject *rl_send_record(RecordLayer *self, Py_ssize_t n);
 PyObject *rl_open_buffer(RecordLayer *self, const unsigned char *h, Py_ssize_t len);
 PyObject *rl_dropped(unsigned long long *counter);
@@ -69,5 +76,10 @@ PyObject *rl_send_packet(RecordLayer *self, PyObject *args);
 PyObject *rl_open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs);
 PyObject *rl_data_packet(PyObject *m, PyObject *args);
 PyObject *rl_packet(PyObject *m, PyObject *args);
+
+/* Bursts (sctp_burst.c). */
+int rl_burst_init(void);
+void rl_burst_free(RecordLayer *self);
+PyObject *rl_send_data_chunks(RecordLayer *self, PyObject *args);
 
 #endif

@@ -367,19 +367,29 @@ async def _not_dtls(self: Any, data: bytes) -> None:
             pass
 
 
+def _compiled_pair(sctp_transport: Any) -> tuple[Any, _Fast, Any] | None:
+    """(DTLS transport, its fast state, the nominated pair) where an SCTP packet can go straight to the
+    compiled layer's socket; None where it goes through ``send_data`` (no compiled layer, a relayed
+    pair, not connected, the pair changed since the layer took over) or aiortc's debug log is on (stock
+    logs every chunk)."""
+    transport = sctp_transport._RTCSctpTransport__transport
+    f = transport.__dict__.get("_lah_fast")
+    if f is None or f.native is None or not f.direct or transport._state is not _CONNECTED:
+        return None
+    pair = f.conn._nominated.get(1)
+    if pair is not f.pair or _sctp_logger.isEnabledFor(logging.DEBUG):
+        return None
+    return transport, f, pair
+
+
 async def send_chunk(self: Any, chunk: Any) -> None:
     """``RTCSctpTransport._send_chunk``: packet, record and ``sendto`` in one C call on a compiled link."""
-    transport = self._RTCSctpTransport__transport
-    f = transport.__dict__.get("_lah_fast")
-    rl = None if f is None else f.native
-    debug = _sctp_logger.isEnabledFor(logging.DEBUG)  # stock logs every chunk
-    if rl is None or not f.direct or transport._state is not _CONNECTED or debug:
+    compiled = _compiled_pair(self)
+    if compiled is None:
         await _stock_send_chunk(self, chunk)
         return
-    pair = f.conn._nominated.get(1)
-    if pair is not f.pair:  # no longer the pair the layer sends to: send_data decides
-        await _stock_send_chunk(self, chunk)
-        return
+    transport, f, pair = compiled
+    rl = f.native
     ports = (self._local_port, self._remote_port, self._remote_verification_tag)
     if type(chunk) is _DataChunk:
         data = chunk.user_data
@@ -388,6 +398,30 @@ async def send_chunk(self: Any, chunk: Any) -> None:
     else:
         body = bytes(chunk)
         _sent(transport, f, pair, rl.send_packet, (*ports, body), 12 + len(body))
+
+
+def data_chunk_sender(sctp_transport: Any) -> Callable[[list[Any]], None] | None:
+    """Where ``send_chunk`` would take the compiled path for every chunk: a function that sends a whole
+    burst of DATA chunks in one C call (``send_data_chunks``: built, sealed, one ``sendmmsg``) and counts
+    them as ``send_chunk`` does; else None, and the sender sends chunk by chunk. Made once per
+    ``_transmit``: it holds the link's pair, so a pair that changes takes effect at the next burst."""
+    compiled = _compiled_pair(sctp_transport)
+    if compiled is None:
+        return None
+    transport, f, pair = compiled
+    t = sctp_transport
+    src, dst, vtag = t._local_port, t._remote_port, t._remote_verification_tag
+    send = f.native.send_data_chunks
+
+    def send_burst(chunks: list[Any]) -> None:
+        packets, packet_bytes, unsent = send(src, dst, vtag, chunks)
+        if unsent:  # the socket's buffer was full: the transport queues the rest, in order
+            for record in unsent:
+                pair.protocol.transport.sendto(record, pair.remote_addr)
+        transport._RTCDtlsTransport__tx_bytes += packet_bytes + packets * f.overhead
+        transport._RTCDtlsTransport__tx_packets += packets
+
+    return send_burst
 
 
 def record_layer(dtls_transport: Any) -> str:

@@ -49,6 +49,7 @@ from aiortc.utils import uint32_gt as _gt
 from aiortc.utils import uint32_gte as _gte
 
 from . import congestion, sctp_receiver, sctp_timers
+from .dtls import data_chunk_sender as _data_chunk_sender
 
 logger = logging.getLogger(__name__)
 
@@ -404,6 +405,8 @@ async def _transmit(self: Any) -> None:
     st = self._lah_stats
     q = self._sent_queue
     blocked = False
+    burst: list[Any] = []  # new chunks for one compiled call (dtls.data_chunk_sender), else sent one by one
+    send_burst = _data_chunk_sender(self) if self._outbound_queue else None
 
     if self._rtx_pending:
         self._rtx_pending = False
@@ -445,10 +448,16 @@ async def _transmit(self: Any) -> None:
         _first_send(self, c, now)
         if self._lah_mark_waits and _waits_after(self):
             c.flags |= _I_BIT
-        await self._send_chunk(c)
+        if send_burst is None:
+            await self._send_chunk(c)
+        else:
+            burst.append(c)
         if not self._t3_handle:
             self._t3_start()
         if not self._outbound_queue and self._data_channel_queue and not self._flushing:
+            if burst:  # before the next messages' chunks, which the nested _transmit sends
+                send_burst(burst)  # type: ignore[misc]
+                burst = []
             self._flushing = True  # keep the window full: take the next messages now
             try:
                 await self._data_channel_flush()  # its _send calls _transmit, which sends them
@@ -456,6 +465,8 @@ async def _transmit(self: Any) -> None:
                 self._flushing = False
             return
 
+    if burst:
+        send_burst(burst)  # type: ignore[misc]
     if not self._outbound_queue and not self._data_channel_queue and not blocked:
         self._app_limited_until = self._delivered + self._flight_size
     if blocked and self._cc.pacing_rate and self._outbound_queue and self._pace_handle is None:

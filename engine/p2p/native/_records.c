@@ -434,6 +434,15 @@ static PyMethodDef methods[] = {
      "open(), and for the receiver's common case (our tag, a right CRC32c, one DATA chunk) the chunk's\n"
      "(flags, tsn, stream_id, stream_seq, ppid, user_data) instead of the packet: aiortc's parse_packet\n"
      "skipped. b'' also for a wrong CRC32c (dropped, counted); any other packet comes back as bytes."},
+    {"open_receive", (PyCFunction)(void (*)(void))rl_open_receive, METH_FASTCALL,
+     "open_receive(datagram, sctp_transport) -> int | tuple | bytes | None\n\n"
+     "open_data() with the transport's own verification tag, and the receiver's most common packet\n"
+     "taken here: one DATA chunk, next in TSN order, not a message's last fragment, on a stream the\n"
+     "patched receiver already has, nothing to report and no stream reset waiting. Such a chunk is\n"
+     "appended to its stream and the transport's fields are updated as aiortc's receiver and the\n"
+     "project's SACK policy would update them; the answer is then an int: 0 nothing more to do, 1\n"
+     "send the SACK now, 2 arm the SACK timer. Every other packet answers as open_data does. Needs\n"
+     "receiver_types() first; before, no packet is taken."},
     {"open", (PyCFunction)open_record, METH_O,
      "open(datagram) -> bytes | None\n\n"
      "None: not exactly one application-data record of this epoch, so OpenSSL's to handle (alerts,\n"
@@ -506,6 +515,10 @@ static PyMethodDef module_methods[] = {
     {"data_packet", rl_data_packet, METH_VARARGS,
      "data_packet(src_port, dst_port, vtag, flags, tsn, stream_id, stream_seq, ppid, user_data) -> bytes\n\n"
      "The unsealed packet send_data_chunk sends (tests hold it against aiortc's serialize_packet)."},
+    {"receiver_types", rl_receiver_types, METH_VARARGS,
+     "receiver_types(DataChunk, InboundStream, established, object_new) -> None\n\n"
+     "The classes open_receive builds and accepts (aiortc's DataChunk, the project's InboundStream\n"
+     "subclass), the association state it requires, and object.__new__ to make chunks with."},
     {"packet", rl_packet, METH_VARARGS,
      "packet(src_port, dst_port, vtag, chunk) -> bytes\n\nThe unsealed packet send_packet sends."},
     {NULL}};
@@ -515,7 +528,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "engine.p2p.native._r
 
 PyMODINIT_FUNC PyInit__records(void) {
     sctp_crc32c_init();
-    if (rl_burst_init() < 0) return NULL;
+    if (rl_burst_init() < 0 || rl_receive_init() < 0) return NULL;
     if (PyType_Ready(&RecordLayerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -77,6 +77,26 @@ PyObject *rl_open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t narg
 PyObject *rl_data_packet(PyObject *m, PyObject *args);
 PyObject *rl_packet(PyObject *m, PyObject *args);
 
+/* A received record opened, and the packet inside looked at (sctp_calls.c). */
+enum { RL_OTHER, RL_DATA, RL_SACK };
+typedef struct {
+    PyObject *plain;                /* what open() answers: None, b"" or the packet */
+    const unsigned char *chunk;     /* RL_DATA, RL_SACK: the one chunk, inside plain */
+    Py_ssize_t length;              /* its length field */
+    int kind;
+} rl_opened;
+int rl_open_sctp(RecordLayer *self, PyObject *datagram, unsigned long long vtag, rl_opened *o);
+PyObject *rl_opened_fields(rl_opened *o);
+
+static inline uint32_t rd32(const unsigned char *p) {
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* The receiver's in-order DATA chunk handled on aiortc's own objects (sctp_receive.c). */
+int rl_receive_init(void);
+PyObject *rl_receiver_types(PyObject *m, PyObject *args);
+PyObject *rl_open_receive(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs);
+
 /* Bursts (sctp_burst.c). */
 int rl_burst_init(void);
 void rl_burst_free(RecordLayer *self);

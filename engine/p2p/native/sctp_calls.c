@@ -79,9 +79,6 @@ PyObject *rl_packet(PyObject *m, PyObject *args) {
     return n < 0 ? NULL : PyBytes_FromStringAndSize((const char *)pkt, n);
 }
 
-static uint32_t rd32(const unsigned char *p) {
-    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
 
 static Py_ssize_t sack_counts_fit(const unsigned char *c, Py_ssize_t length) {
     return 16 + 4 * ((c[12] << 8 | c[13]) + (c[14] << 8 | c[15])) == length;
@@ -111,43 +108,69 @@ fail:
     return NULL;
 }
 
-/* open(), then the common cases parsed here: a packet with our verification tag, a right CRC32c and
- * exactly one DATA chunk comes back as (flags, tsn, stream_id, stream_seq, ppid, user_data), the fields
- * aiortc's DataChunk holds; one SACK chunk as sack_fields' 4-tuple (the sender's common packet). A wrong CRC is dropped (b"", as aiortc's parse drops it); any
- * other packet comes back as its bytes for aiortc's parser. */
-PyObject *rl_open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs) {
-    unsigned long long vtag;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "open_data(datagram, verification_tag)");
-        return NULL;
-    }
-    vtag = PyLong_AsUnsignedLongLong(args[1]);
-    if (vtag == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+/* open(), then the common cases found: a packet with our verification tag, a right CRC32c and exactly
+ * one DATA chunk, or one SACK chunk whose counts fill it (the sender's common packet). A wrong CRC is
+ * dropped (o->plain is b"", as aiortc's parse drops it). o->plain is a new reference (NULL on error). */
+int rl_open_sctp(RecordLayer *self, PyObject *datagram, unsigned long long vtag, rl_opened *o) {
+    o->kind = RL_OTHER;
+    o->chunk = NULL;
+    o->length = 0;
     Py_buffer d;
-    if (PyObject_GetBuffer(args[0], &d, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *plain = rl_ready(self) ? rl_open_buffer(self, d.buf, d.len) : NULL;
+    if (PyObject_GetBuffer(datagram, &d, PyBUF_SIMPLE) < 0) return -1;
+    o->plain = rl_ready(self) ? rl_open_buffer(self, d.buf, d.len) : NULL;
     PyBuffer_Release(&d);
-    if (!plain || !PyBytes_Check(plain)) return plain;
-    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(plain);
-    Py_ssize_t n = PyBytes_GET_SIZE(plain);
-    if (n < SCTP_COMMON_HEADER) return plain;  /* b"" (dropped) or too short: aiortc's parser says so */
+    if (!o->plain) return -1;
+    if (!PyBytes_Check(o->plain)) return 0;
+    const unsigned char *p = (const unsigned char *)PyBytes_AS_STRING(o->plain);
+    Py_ssize_t n = PyBytes_GET_SIZE(o->plain);
+    if (n < SCTP_COMMON_HEADER) return 0;  /* b"" (dropped) or too short: aiortc's parser says so */
     if (!sctp_checksum_ok(p, (size_t)n)) {
-        Py_DECREF(plain);
-        return rl_dropped(&self->dropped_crc);
+        Py_DECREF(o->plain);
+        o->plain = rl_dropped(&self->dropped_crc);
+        return o->plain ? 0 : -1;
     }
     const unsigned char *c = p + SCTP_COMMON_HEADER;
     Py_ssize_t rest = n - SCTP_COMMON_HEADER, length = rest >= 4 ? (c[2] << 8 | c[3]) : 0;
     /* one chunk, exactly: the packet ends with it and its padding */
-    if (rd32(p + 4) != vtag || length < 4 || length > rest || rest - length > 3) return plain;
-    PyObject *out = plain;
+    if ((unsigned long long)rd32(p + 4) != vtag || length < 4 || length > rest || rest - length > 3) return 0;
     if (c[0] == 0 && length >= SCTP_DATA_HEADER) {
+        o->kind = RL_DATA;
+    } else if (c[0] == 3 && length >= 16 && sack_counts_fit(c, length)) {
+        o->kind = RL_SACK;  /* any other SACK (counts that disagree) is aiortc's to judge */
+    } else {
+        return 0;
+    }
+    o->chunk = c;
+    o->length = length;
+    return 0;
+}
+
+/* A DATA chunk as (flags, tsn, stream_id, stream_seq, ppid, user_data), aiortc's DataChunk fields; a
+ * SACK as sack_fields' 4-tuple; anything else as open() left it. Steals o->plain. */
+PyObject *rl_opened_fields(rl_opened *o) {
+    const unsigned char *c = o->chunk;
+    PyObject *out = o->plain;
+    if (o->kind == RL_DATA) {
         out = Py_BuildValue("(IkIIky#)", (unsigned)c[1], (unsigned long)rd32(c + 4), (unsigned)(c[8] << 8 | c[9]),
                             (unsigned)(c[10] << 8 | c[11]), (unsigned long)rd32(c + 12),
-                            (const char *)c + SCTP_DATA_HEADER, (Py_ssize_t)(length - SCTP_DATA_HEADER));
-    } else if (c[0] == 3 && length >= 16 && sack_counts_fit(c, length)) {
-        out = sack_fields(c);  /* any other SACK (counts that disagree) is aiortc's to judge */
+                            (const char *)c + SCTP_DATA_HEADER, (Py_ssize_t)(o->length - SCTP_DATA_HEADER));
+    } else if (o->kind == RL_SACK) {
+        out = sack_fields(c);
     }
-    if (out != plain) Py_DECREF(plain);
+    if (out != o->plain) Py_DECREF(o->plain);
     return out;
+}
+
+/* open(), with the common packets parsed: see the method's docstring in _records.c. */
+PyObject *rl_open_data(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "open_data(datagram, verification_tag)");
+        return NULL;
+    }
+    unsigned long long vtag = PyLong_AsUnsignedLongLong(args[1]);
+    if (vtag == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    rl_opened o;
+    if (rl_open_sctp(self, args[0], vtag, &o) < 0) return NULL;
+    return rl_opened_fields(&o);
 }
 

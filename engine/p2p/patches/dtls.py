@@ -46,6 +46,9 @@ from OpenSSL._util import lib as _lib
 
 from ..native import keys as _keys
 from ..native import records as _native_records
+from .ice import DatagramQueue as _DatagramQueue
+from .sctp_receiver import FastInboundStream as _FastInboundStream
+from .sctp_receiver import after_taken_chunk as _after_taken_chunk
 from .sctp_receiver import receive_one_chunk as _receive_one_chunk
 
 _dtls_module: Any = dtls  # clock, is_rtcp, pylibsrtp: imported there, not exported
@@ -54,6 +57,7 @@ _stock_recv_next: Callable[[Any], Any] = _Dtls._recv_next
 _stock_write_ssl: Callable[[Any], Any] = _Dtls._write_ssl
 _stock_send_data: Callable[[Any, bytes], Any] = _Dtls._send_data
 _CONNECTED = dtls.State.CONNECTED
+_ESTABLISHED = sctp.RTCSctpTransport.State.ESTABLISHED
 _StunProtocol = ice.StunProtocol
 _stock_send_chunk: Callable[[Any, Any], Any] = sctp.RTCSctpTransport._send_chunk
 _DataChunk = sctp.DataChunk
@@ -84,6 +88,8 @@ class _Fast:
         self.out = ssl._from_ssl
         self.buf = _ffi.new("char[]", _BUFSIZE)
         self.conn = transport.transport._connection
+        if type(self.conn._queue) is not _DatagramQueue:  # the reader is this task, and it is not waiting
+            self.conn._queue = _DatagramQueue.replacing(self.conn._queue)
         self.native: Any = None
         self.pair: Any = None
         self.direct = False
@@ -204,6 +210,9 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
     f.pair = pair
     f.overhead = 29 if keys.cipher.endswith("GCM") else 21  # header 13 + tag 16 (+ explicit nonce 8)
     f.native = rl
+    # What open_receive builds and accepts: with the sctp group stock, streams are aiortc's own class
+    # and no chunk is taken in C (the types differ), so the stock receiver sees every packet.
+    module.receiver_types(_DataChunk, _FastInboundStream, _ESTABLISHED, object.__new__)
 
 
 async def write_ssl(self: Any) -> None:
@@ -268,10 +277,24 @@ def _count(transport: Any, f: _Fast, size: int) -> None:
 
 def _open(rl: Any, data: bytes, sctp_transport: Any) -> Any:
     """The record opened; with SCTP's packet parsed too where the receiver takes it that way (the
-    association is ours and aiortc's debug log, which prints every chunk, is off)."""
+    association is ours and aiortc's debug log, which prints every chunk, is off), and an in-order
+    DATA chunk taken in C altogether (``open_receive``: an int comes back)."""
     if sctp_transport is None or _sctp_logger.isEnabledFor(logging.DEBUG):
         return rl.open(data)
-    return rl.open_data(data, sctp_transport._local_verification_tag)
+    return rl.open_receive(data, sctp_transport)
+
+
+async def deliver_opened(sctp_transport: Any, opened: Any) -> None:
+    """What the compiled layer opened (``_open``), to SCTP: an int is an in-order DATA chunk it already
+    took (``open_receive``), with what its SACK needs; a tuple one DATA or SACK chunk it parsed; bytes
+    a packet for aiortc's parser."""
+    kind = type(opened)
+    if kind is int:
+        await _after_taken_chunk(sctp_transport, opened)
+    elif kind is tuple:
+        await _receive_one_chunk(sctp_transport, opened)
+    elif sctp_transport is not None:
+        await sctp_transport._handle_data(opened)
 
 
 async def recv_next(self: Any) -> None:
@@ -303,10 +326,8 @@ async def recv_next(self: Any) -> None:
             await _stock_record(self, data)
             return
         elif f.native is not None and (plain := _open(f.native, data, self._data_receiver)) is not None:
-            if type(plain) is tuple:  # one DATA or SACK chunk, parsed in C (see _open)
-                await _receive_one_chunk(self._data_receiver, plain)
-            elif plain and self._data_receiver:  # b"": a replay or a forgery, dropped (counted there)
-                await self._data_receiver._handle_data(plain)
+            if plain:  # b"": a replay or a forgery, dropped (counted there); 0: a chunk taken, nothing due
+                await deliver_opened(self._data_receiver, plain)
         else:
             if f.track:
                 self._lah_rx_top = _top(data, self.__dict__.get("_lah_rx_top", _NONE_SEEN))

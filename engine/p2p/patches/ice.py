@@ -107,6 +107,66 @@ def datagram_received(self: Any, data: Any, addr: Any) -> None:
     _stock_datagram_received(self, data, addr)
 
 
+# --- the datagram queue --------------------------------------------------------------------------
+
+
+class DatagramQueue:
+    """What aioice's ``Connection._queue`` (an ``asyncio.Queue``) is asked for, on a deque.
+
+    Every received datagram passes through that queue (``put_nowait`` in the UDP callback, ``get`` or
+    ``get_nowait`` in the DTLS reader), and ``asyncio.Queue`` is pure Python with unbounded-size,
+    task-accounting and ``Event`` bookkeeping the reader never uses: about 2 µs a datagram, a third of
+    what a data packet costs the receiver once its record and chunk are handled in C. Same order, same
+    items (``None`` included: aioice's "connection lost"); waiters are woken in order, one per item."""
+
+    __slots__ = ("_items", "_waiters")
+
+    def __init__(self, items: Any = ()) -> None:
+        self._items: deque[Any] = deque(items)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @classmethod
+    def replacing(cls, queue: Any) -> DatagramQueue:
+        """A queue holding what ``queue`` (an idle ``asyncio.Queue``, nobody waiting on it) holds."""
+        items = []
+        while queue.qsize():
+            items.append(queue.get_nowait())
+        return cls(items)
+
+    def qsize(self) -> int:
+        return len(self._items)
+
+    def put_nowait(self, item: Any) -> None:
+        self._items.append(item)
+        if self._waiters:
+            self._wake()
+
+    def _wake(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            w = waiters.popleft()
+            if not w.done():  # a cancelled getter's future is done: skipped
+                w.set_result(None)
+                return
+
+    def get_nowait(self) -> Any:
+        if not self._items:
+            raise asyncio.QueueEmpty
+        return self._items.popleft()
+
+    async def get(self) -> Any:
+        while not self._items:
+            w = asyncio.get_running_loop().create_future()
+            self._waiters.append(w)
+            try:
+                await w
+            except asyncio.CancelledError:
+                if w.done() and not w.cancelled() and self._items:
+                    self._wake()  # woken, then cancelled before taking the item: the next getter takes it
+                raise
+        return self._items.popleft()
+
+
 # --- a larger UDP receive buffer ------------------------------------------------------------------
 
 # A node's event loop stalls now and then (a GPU batch, a busy desktop); the kernel's default UDP

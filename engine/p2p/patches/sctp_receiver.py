@@ -103,10 +103,24 @@ async def _send_sack(self: Any) -> None:
     ):
         await _send_sack_now(self)
     else:
-        if self._sack_due_at is None:
-            self._sack_due_at = self._loop.time() + SACK_DELAY
-        if self._sack_timer is None:
-            self._sack_timer = self._loop.call_at(self._sack_due_at, _sack_timer_expired, self)
+        arm_sack_timer(self)
+
+
+def arm_sack_timer(self: Any) -> None:
+    """A SACK waits: it must go by ``SACK_DELAY`` after its first packet (the lazy timer, above)."""
+    if self._sack_due_at is None:
+        self._sack_due_at = self._loop.time() + SACK_DELAY
+    if self._sack_timer is None:
+        self._sack_timer = self._loop.call_at(self._sack_due_at, _sack_timer_expired, self)
+
+
+async def after_taken_chunk(self: Any, code: int) -> None:
+    """What ``_send_sack`` does after a DATA chunk the compiled receiver took (``open_receive``, which
+    already counted the packet): 1, the SACK is due now; 2, it waits, so the timer must be armed."""
+    if code == 1:
+        await _send_sack_now(self)
+    elif code == 2:
+        arm_sack_timer(self)
 
 
 _flushes: set[asyncio.Future[None]] = set()

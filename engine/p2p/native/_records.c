@@ -392,6 +392,7 @@ static int init(RecordLayer *self, PyObject *args, PyObject *kw) {
     self->window = read_top < 0 ? 0 : ~(uint64_t)0;  /* OpenSSL processed everything up to the top */
     self->dest_len = 0;
     self->fd = -1;
+    self->gso = 1;
     self->sealed = self->opened = self->dropped_auth = self->dropped_replay = self->dropped_short = 0;
     self->dropped_crc = 0;
     rc = 0;
@@ -478,6 +479,9 @@ static PyMemberDef members[] = {
     {"dropped_auth", T_ULONGLONG, offsetof(RecordLayer, dropped_auth), READONLY, "forged, corrupt or overlong"},
     {"dropped_replay", T_ULONGLONG, offsetof(RecordLayer, dropped_replay), READONLY, "seen or older than the window"},
     {"dropped_short", T_ULONGLONG, offsetof(RecordLayer, dropped_short), READONLY, "shorter than nonce + tag"},
+    {"gso", T_BOOL, offsetof(RecordLayer, gso), 0,
+     "send_data_chunks sends runs of equal-sized records as one UDP GSO message (Linux); the layer turns\n"
+     "it off when the kernel refuses, and tests turn it off to compare"},
     {"dropped_crc", T_ULONGLONG, offsetof(RecordLayer, dropped_crc), READONLY,
      "authentic records whose SCTP packet had a wrong CRC32c (open_data)"},
     {NULL}};

@@ -56,6 +56,7 @@ typedef struct {
     unsigned char buf[MAX_RECORD];  /* seal's output: seal_send sends from here without a bytes object */
     unsigned char pkt[MAX_PLAIN];   /* an SCTP packet built by send_data_chunk/send_packet, then sealed */
     struct rl_burst *burst;         /* send_data_chunks' records and message headers (sctp_burst.c); lazy */
+    char gso;                       /* send_data_chunks may use UDP GSO (Linux); cleared when refused */
 } RecordLayer;
 
 #define RECORD_OVERHEAD (HEADER + EXPLICIT + TAG)  /* the most a record adds to its payload */

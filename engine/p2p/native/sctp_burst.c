@@ -2,12 +2,23 @@
  * (sctp_packet.c), sealed, and all of them sent with one sendmmsg per BURST_MAX packets where the
  * platform has it (Linux), else one sendto each. Why: with the peer SACKing every 16 packets a burst is
  * ~16 packets, and each paid a Python coroutine, a field tuple and a sendto of its own (engine.p2p.patches
- * .dtls.data_chunk_sender says where the per-chunk path still runs). */
+ * .dtls.data_chunk_sender says where the per-chunk path still runs).
+ *
+ * On Linux, records of one size in a row (full DATA chunks, and the shorter last one after them) also go
+ * as one UDP GSO message (UDP_SEGMENT, Linux 4.18): the kernel builds the UDP/IP packets once for the run
+ * and cuts them at the device or the receiving socket, so the datagrams on the wire are the same, one per
+ * record. A kernel or route that refuses GSO turns it off for the layer (the records go by sendmmsg). */
 #include "records.h"
 #include "sctp_packet.h"
 
 #if defined(__linux__)
 #define HAVE_SENDMMSG 1
+#include <netinet/udp.h>
+#ifndef UDP_SEGMENT
+#define UDP_SEGMENT 103
+#endif
+#define GSO_MAX_SEGMENTS 64
+#define GSO_MAX_BYTES 60000  /* a GSO message stays under IP's 64 KiB */
 #endif
 
 #define BURST_MAX 64
@@ -21,7 +32,12 @@ struct rl_burst {
     unsigned char data[BURST_BYTES];
 #ifdef HAVE_SENDMMSG
     struct mmsghdr msgs[BURST_MAX];
+    int first[BURST_MAX];       /* the first record of each message */
     struct iovec iov[BURST_MAX];
+    union {
+        char buf[CMSG_SPACE(sizeof(uint16_t))];
+        struct cmsghdr align;
+    } control[BURST_MAX];
 #endif
 };
 
@@ -81,29 +97,71 @@ static int would_block(int err) {
 #endif
 }
 
+#ifdef HAVE_SENDMMSG
+/* The records from `from` on as messages: one per record, or (GSO) one per run of equal-sized records
+ * with at most one shorter record closing it. Returns the number of messages. */
+static int messages(RecordLayer *self, struct rl_burst *b, int from) {
+    int m = 0;
+    for (int k = from; k < b->count; m++) {
+        int n = 1;
+        if (self->gso) {
+            Py_ssize_t size = b->len[k], total = size;
+            while (k + n < b->count && n < GSO_MAX_SEGMENTS && total + b->len[k + n] <= GSO_MAX_BYTES &&
+                   b->len[k + n] <= size) {
+                total += b->len[k + n];
+                n++;
+                if (b->len[k + n - 1] < size) break;  /* only the last segment may be shorter */
+            }
+        }
+        struct msghdr *h = &b->msgs[m].msg_hdr;
+        memset(h, 0, sizeof *h);
+        h->msg_name = &self->dest;
+        h->msg_namelen = self->dest_len;
+        h->msg_iov = &b->iov[k];
+        h->msg_iovlen = (size_t)n;
+        for (int j = k; j < k + n; j++) {
+            b->iov[j].iov_base = b->data + b->off[j];
+            b->iov[j].iov_len = (size_t)b->len[j];
+        }
+        if (n > 1) {
+            h->msg_control = b->control[m].buf;
+            h->msg_controllen = sizeof b->control[m].buf;
+            struct cmsghdr *cm = CMSG_FIRSTHDR(h);
+            cm->cmsg_level = SOL_UDP;
+            cm->cmsg_type = UDP_SEGMENT;
+            cm->cmsg_len = CMSG_LEN(sizeof(uint16_t));
+            uint16_t seg = (uint16_t)b->len[k];
+            memcpy(CMSG_DATA(cm), &seg, sizeof seg);
+        }
+        b->first[m] = k;
+        k += n;
+    }
+    return m;
+}
+
+static int gso_refused(int err) { return err == EINVAL || err == EIO || err == ENOPROTOOPT || err == EOPNOTSUPP; }
+#endif
+
 /* Send what is gathered. Once the socket refused one record (full), that one and every later record of
  * this call go back to the caller in order, so nothing overtakes what its transport queues. */
 static int flush(RecordLayer *self, struct rl_burst *b, PyObject **unsent) {
     int i = 0;
     if (*unsent) return hand_back(b, 0, unsent);
 #ifdef HAVE_SENDMMSG
-    for (int k = 0; k < b->count; k++) {
-        b->iov[k].iov_base = b->data + b->off[k];
-        b->iov[k].iov_len = (size_t)b->len[k];
-        memset(&b->msgs[k].msg_hdr, 0, sizeof b->msgs[k].msg_hdr);
-        b->msgs[k].msg_hdr.msg_name = &self->dest;
-        b->msgs[k].msg_hdr.msg_namelen = self->dest_len;
-        b->msgs[k].msg_hdr.msg_iov = &b->iov[k];
-        b->msgs[k].msg_hdr.msg_iovlen = 1;
-    }
-    while (i < b->count) {
-        int r = sendmmsg(self->fd, b->msgs + i, (unsigned)(b->count - i), 0);
+    int count = messages(self, b, 0);
+    while (i < count) {
+        int r = sendmmsg(self->fd, b->msgs + i, (unsigned)(count - i), 0);
         if (r > 0) {
             i += r;
         } else if (r < 0 && errno == EINTR) {
             continue;
         } else if (r < 0 && would_block(errno)) {
-            return hand_back(b, i, unsent);
+            return hand_back(b, b->first[i], unsent);
+        } else if (r < 0 && self->gso && b->msgs[i].msg_hdr.msg_iovlen > 1 && gso_refused(errno)) {
+            self->gso = 0;  /* no UDP GSO here: this message and the rest again, a record each */
+            int from = b->first[i];
+            count = messages(self, b, from);
+            i = 0;
         } else {
             i++;  /* refused for another reason (an ICMP error reported late): lost, as on the wire */
         }

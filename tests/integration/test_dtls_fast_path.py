@@ -55,24 +55,29 @@ def _make_stock(pc: Any) -> None:
 
 
 def _impair(pc: Any, seed: int, loss: float, dup: float) -> None:
-    """Drop or duplicate datagrams as they arrive at this peer's ICE connection (after the handshake)."""
+    """Drop or duplicate datagrams as they arrive at this peer's UDP sockets (after the handshake): in
+    front of the ICE protocol's callback, so both ways on from there (queued for the DTLS reader, or
+    opened in the callback itself) see the same impaired stream."""
     conn = pc.sctp.transport.transport._connection
     rng = random.Random(seed)
-    deliver = conn.data_received
     armed = {"on": False, "lost": 0, "duplicated": 0}
 
-    def data_received(data: bytes, component: int) -> None:
-        if armed["on"] and data[0] == 23:  # application data records only
-            r = rng.random()
-            if r < loss:
-                armed["lost"] += 1
-                return
-            if r < loss + dup:
-                armed["duplicated"] += 1
-                deliver(data, component)
-        deliver(data, component)
+    def impaired(deliver: Any) -> Any:
+        def datagram_received(data: bytes, addr: Any) -> None:
+            if armed["on"] and data[0] == 23:  # application data records only
+                r = rng.random()
+                if r < loss:
+                    armed["lost"] += 1
+                    return
+                if r < loss + dup:
+                    armed["duplicated"] += 1
+                    deliver(data, addr)
+            deliver(data, addr)
 
-    conn.data_received = data_received
+        return datagram_received
+
+    for protocol in conn._protocols:  # uvloop looks the callback up per datagram
+        protocol.datagram_received = impaired(protocol.datagram_received)
     pc._lah_impair = armed
 
 

@@ -523,6 +523,16 @@ static PyMethodDef module_methods[] = {
      "receiver_types(DataChunk, InboundStream, established, object_new) -> None\n\n"
      "The classes open_receive builds and accepts (aiortc's DataChunk, the project's InboundStream\n"
      "subclass), the association state it requires, and object.__new__ to make chunks with."},
+    {"take_new_chunks", rl_take_new_chunks, METH_VARARGS,
+     "take_new_chunks(transport, budget, now, burst) -> (budget, blocked, flush)\n\n"
+     "The project's SCTP sender's loop over new chunks (sctp_sender._transmit), on the transport's own\n"
+     "objects: chunks the window, the peer's window and the budget allow move from the outbound to the\n"
+     "sent queue with _first_send's fields and, where agreed, the I bit, and are appended to burst for\n"
+     "the caller to send. Stops where Python's loop would flush the next messages (flush True)."},
+    {"ack_cumulative", rl_ack_cumulative, METH_VARARGS,
+     "ack_cumulative(transport, cumulative_tsn) -> (newly_acked, newest)\n\n"
+     "The sender's loop over the chunks a SACK's cumulative TSN covers (sctp_sender._receive_sack_chunk):\n"
+     "popped, counted delivered, out of the flight; newest is the latest sent of those newly acked."},
     {"packet", rl_packet, METH_VARARGS,
      "packet(src_port, dst_port, vtag, chunk) -> bytes\n\nThe unsealed packet send_packet sends."},
     {NULL}};
@@ -532,7 +542,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "engine.p2p.native._r
 
 PyMODINIT_FUNC PyInit__records(void) {
     sctp_crc32c_init();
-    if (rl_burst_init() < 0 || rl_receive_init() < 0) return NULL;
+    if (rl_burst_init() < 0 || rl_receive_init() < 0 || rl_send_init() < 0) return NULL;
     if (PyType_Ready(&RecordLayerType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

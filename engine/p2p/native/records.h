@@ -98,6 +98,11 @@ int rl_receive_init(void);
 PyObject *rl_receiver_types(PyObject *m, PyObject *args);
 PyObject *rl_open_receive(RecordLayer *self, PyObject *const *args, Py_ssize_t nargs);
 
+/* The sender's per-chunk loops on aiortc's objects (sctp_send.c). */
+int rl_send_init(void);
+PyObject *rl_take_new_chunks(PyObject *m, PyObject *args);
+PyObject *rl_ack_cumulative(PyObject *m, PyObject *args);
+
 /* Bursts (sctp_burst.c). */
 int rl_burst_init(void);
 void rl_burst_free(RecordLayer *self);

@@ -213,6 +213,8 @@ def _hand_over(self: Any, f: _Fast, rx_epoch: int) -> None:
     # What open_receive builds and accepts: with the sctp group stock, streams are aiortc's own class
     # and no chunk is taken in C (the types differ), so the stock receiver sees every packet.
     module.receiver_types(_DataChunk, _FastInboundStream, _ESTABLISHED, object.__new__)
+    if type(f.conn._queue) is _DatagramQueue:
+        f.conn._lah_inline = _inline_receiver(self, f)
 
 
 async def write_ssl(self: Any) -> None:
@@ -287,14 +289,91 @@ def _open(rl: Any, data: bytes, sctp_transport: Any) -> Any:
 async def deliver_opened(sctp_transport: Any, opened: Any) -> None:
     """What the compiled layer opened (``_open``), to SCTP: an int is an in-order DATA chunk it already
     took (``open_receive``), with what its SACK needs; a tuple one DATA or SACK chunk it parsed; bytes
-    a packet for aiortc's parser."""
+    a packet for aiortc's parser; an exception what opening raised in the UDP callback."""
     kind = type(opened)
     if kind is int:
         await _after_taken_chunk(sctp_transport, opened)
     elif kind is tuple:
         await _receive_one_chunk(sctp_transport, opened)
+    elif isinstance(opened, BaseException):
+        raise opened
     elif sctp_transport is not None:
         await sctp_transport._handle_data(opened)
+
+
+_BURST_DONE = ("done",)
+_OPENED = object()  # a queue item (_OPENED, what open_receive answered): opened inline, for the reader
+
+
+def _inline_receiver(self: Any, f: _Fast) -> Callable[[bytes], bool]:
+    """The UDP callback's first look at a DTLS datagram of a compiled link (``ice.datagram_received``).
+
+    When the DTLS reader waits on an empty queue, nothing received before this datagram is still to be
+    handled, so it may be opened right here: an in-order DATA chunk the compiled receiver takes with
+    nothing due (most packets) then costs no queue, no task wake-up and no pass of ``recv_next``. Any
+    other outcome that needs the reader (a SACK to send, a message to deliver, a SACK received, a
+    packet for aiortc's parser) is queued already opened, in order. Declines (False: queue the datagram
+    as ever) while the reader is busy or has datagrams queued, for OpenSSL's records, and when aiortc's
+    debug log is on."""
+    queue = f.conn._queue
+    items, waiters = queue._items, queue._waiters
+    open_receive = f.native.open_receive
+
+    def inline(data: bytes) -> bool:
+        if items or not waiters or f.ssl is not self._ssl or _sctp_logger.isEnabledFor(logging.DEBUG):
+            return False
+        receiver = self._data_receiver
+        try:
+            opened = None if receiver is None else open_receive(data, receiver)
+        except Exception as e:  # the reader raises it, as if it had opened the record itself
+            opened = e
+        if opened is None:
+            return False  # not this layer's record (OpenSSL's): untouched, queued as it came
+        self._RTCDtlsTransport__rx_bytes += len(data)
+        self._RTCDtlsTransport__rx_packets += 1
+        if opened:  # b"" (dropped) and 0 (taken, nothing due) need nothing more
+            queue.put_nowait((_OPENED, opened))
+        return True
+
+    return inline
+
+
+async def _compiled_burst(self: Any, f: _Fast, q: Any, result: Any) -> Any:
+    """``recv_next``'s loop for a burst of records the compiled layer opens, with the transport's
+    counters added once per burst. Returns :data:`_BURST_DONE` when the queue is empty, else the first
+    datagram that is not one of those (not DTLS, OpenSSL's record, the end of the connection) for the
+    general loop to take from there."""
+    receiver = self._data_receiver
+    if _sctp_logger.isEnabledFor(logging.DEBUG):
+        return result  # rl.open(), with aiortc's parser logging every chunk: the general loop
+    open_receive = f.native.open_receive
+    conn = f.conn
+    size = count = 0
+    try:
+        while result is not None:
+            data = result[0]
+            if data is _OPENED:  # opened in the UDP callback (_inline_receiver), counted there
+                await deliver_opened(receiver, result[1])
+                if not q.qsize() or not conn._nominated:
+                    return _BURST_DONE
+                result = q.get_nowait()
+                continue
+            if not 19 < data[0] < 64 or f.ssl is not self._ssl:
+                return result
+            opened = open_receive(data, receiver)
+            if opened is None:  # not application data of this epoch: OpenSSL's
+                return result
+            size += len(data)
+            count += 1
+            if opened:  # b"": a replay or a forgery, dropped (counted there); 0: a chunk taken, nothing due
+                await deliver_opened(receiver, opened)
+            if not q.qsize() or not conn._nominated:
+                return _BURST_DONE
+            result = q.get_nowait()
+        return result
+    finally:
+        self._RTCDtlsTransport__rx_bytes += size
+        self._RTCDtlsTransport__rx_packets += count
 
 
 async def recv_next(self: Any) -> None:
@@ -311,10 +390,20 @@ async def recv_next(self: Any) -> None:
         raise ConnectionError("Cannot receive data, not connected")
     q = conn._queue
     result = q.get_nowait() if q.qsize() else await q.get()
+    if f.native is not None and self._data_receiver is not None:
+        result = await _compiled_burst(self, f, q, result)
+        if result is _BURST_DONE:
+            return
     while True:
         if result is None:
             raise ConnectionError("Connection lost while receiving data")
         data = result[0]
+        if data is _OPENED:  # opened in the UDP callback, counted there (the debug log came on since)
+            await deliver_opened(self._data_receiver, result[1])
+            if not q.qsize() or not conn._nominated:
+                return
+            result = q.get_nowait()
+            continue
         self._RTCDtlsTransport__rx_bytes += len(data)
         self._RTCDtlsTransport__rx_packets += 1
         first_byte = data[0]

@@ -100,9 +100,14 @@ _stock_datagram_received = ice.StunProtocol.datagram_received
 
 def datagram_received(self: Any, data: Any, addr: Any) -> None:
     """A datagram whose first byte is 20..63 is DTLS (RFC 7983) and goes straight to the connection
-    instead of first failing a STUN parse (an exception per packet); STUN (0..3) is handled as before."""
+    instead of first failing a STUN parse (an exception per packet); STUN (0..3) is handled as before.
+    Where the DTLS layer set an inline receiver on the connection (``_lah_inline``: engine/p2p/patches/
+    dtls.py, once its records are compiled) that receiver gets the first look."""
     if data and 19 < data[0] < 64:
-        self.receiver.data_received(data, self.local_candidate.component)
+        conn = self.receiver
+        inline = conn.__dict__.get("_lah_inline")
+        if inline is None or not inline(data):
+            conn.data_received(data, self.local_candidate.component)
         return
     _stock_datagram_received(self, data, addr)
 

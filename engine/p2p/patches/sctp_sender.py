@@ -48,7 +48,9 @@ from aiortc import rtcsctptransport as sctp
 from aiortc.utils import uint32_gt as _gt
 from aiortc.utils import uint32_gte as _gte
 
+from ..native import records as _native_records
 from . import congestion, sctp_receiver, sctp_timers
+from . import sctp_loops as _loops
 from .dtls import data_chunk_sender as _data_chunk_sender
 
 logger = logging.getLogger(__name__)
@@ -69,7 +71,7 @@ PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire la
 DEFAULT_CONTROLLER = "bbr"  # benchmarks/wan.py: the best under random loss (see ARCHITECTURE.md)
 
 _MTU = sctp.USERDATA_MAX_LENGTH
-_I_BIT = 0x08  # RFC 7053's "SACK immediately" flag
+_I_BIT = _loops.I_BIT
 _MOD = sctp.SCTP_TSN_MODULO
 _Transport: Any = sctp.RTCSctpTransport
 _ESTABLISHED = _Transport.State.ESTABLISHED
@@ -230,18 +232,10 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
     self._last_progress = now
     progressed = cum != self._last_sacked_tsn
     self._last_sacked_tsn = cum
-    newest: Any = None  # the most recently sent chunk this SACK delivered
-    n_new = 0  # chunks this SACK newly delivered
     frto = self._frto_tsn
 
-    while q and _gte(cum, q[0].tsn):
-        c = q.popleft()
-        if not c._acked and not c._abandoned:
-            self._delivered += c._book_size
-            n_new += 1
-            if newest is None or c._sent_time >= newest._sent_time:
-                newest = c
-        self._flight_size_decrease(c)
+    native = _native_records()  # the same loop in C where the extension loaded (sctp_loops)
+    n_new, newest = (_loops.ack_cumulative if native is None else native.ack_cumulative)(self, cum)
 
     hi = -1  # index in q of the highest chunk acked by a gap block
     hi_new = -1  # ... newly acked by this SACK (HTNA: only chunks below it are struck)
@@ -384,14 +378,6 @@ def _send_budget(self: Any, now: float) -> float:
     return budget
 
 
-def _spend(self: Any, size: int) -> None:
-    if self._in_recovery:
-        self._prr_out += size
-        self._prr_quota -= size
-    if self._cc.pacing_rate:
-        self._pace_tokens -= size
-
-
 async def _transmit(self: Any) -> None:
     if self._forward_tsn_chunk is not None:
         await self._send_chunk(self._forward_tsn_chunk)
@@ -405,7 +391,7 @@ async def _transmit(self: Any) -> None:
     st = self._lah_stats
     q = self._sent_queue
     blocked = False
-    burst: list[Any] = []  # new chunks for one compiled call (dtls.data_chunk_sender), else sent one by one
+    burst: list[Any] = []  # new chunks, sent in one compiled call (dtls.data_chunk_sender) or one by one
     send_burst = _data_chunk_sender(self) if self._outbound_queue else None
 
     if self._rtx_pending:
@@ -419,7 +405,7 @@ async def _transmit(self: Any) -> None:
                 self._rtx_pending = blocked = True
                 break
             budget -= c._book_size
-            _spend(self, c._book_size)
+            _loops.spend(self, c._book_size)
             self._flight_size_increase(c)
             c._retransmit = False
             c._sent_count += 1
@@ -431,42 +417,22 @@ async def _transmit(self: Any) -> None:
             if q and q[0] is c:
                 self._t3_restart()
 
-    while not blocked and self._outbound_queue:
-        c = self._outbound_queue[0]
-        size = c._book_size
-        if budget < size:
-            blocked = True
-            break
-        if self._peer_rwnd < size and self._flight_size > 0:
-            st.rwnd_limited += 1
-            break
-        self._outbound_queue.popleft()
-        q.append(c)
-        budget -= size
-        _spend(self, size)
-        self._peer_rwnd = max(0, self._peer_rwnd - size)
-        _first_send(self, c, now)
-        if self._lah_mark_waits and _waits_after(self):
-            c.flags |= _I_BIT
-        if send_burst is None:
-            await self._send_chunk(c)
-        else:
-            burst.append(c)
-        if not self._t3_handle:
-            self._t3_start()
-        if not self._outbound_queue and self._data_channel_queue and not self._flushing:
-            if burst:  # before the next messages' chunks, which the nested _transmit sends
-                send_burst(burst)  # type: ignore[misc]
-                burst = []
-            self._flushing = True  # keep the window full: take the next messages now
-            try:
-                await self._data_channel_flush()  # its _send calls _transmit, which sends them
-            finally:
-                self._flushing = False
+    if not blocked and self._outbound_queue:
+        native = _native_records()  # the same loop in C where the extension loaded (sctp_loops)
+        take = _loops.take_new_chunks if native is None else native.take_new_chunks
+        budget, blocked, flush = take(self, budget, now, burst)
+        if burst:
+            if not self._t3_handle:
+                self._t3_start()
+            if send_burst is None:
+                for c in burst:
+                    await self._send_chunk(c)
+            else:
+                send_burst(burst)
+        if flush:  # keep the window full: the next messages now, their _transmit sends them
+            await _flush_next_messages(self)
             return
 
-    if burst:
-        send_burst(burst)  # type: ignore[misc]
     if not self._outbound_queue and not self._data_channel_queue and not blocked:
         self._app_limited_until = self._delivered + self._flight_size
     if blocked and self._cc.pacing_rate and self._outbound_queue and self._pace_handle is None:
@@ -475,28 +441,14 @@ async def _transmit(self: Any) -> None:
     sctp_timers.arm_tlp(self, now)
 
 
-def _waits_after(self: Any) -> bool:
-    """Whether the chunk just counted as sent is the last before a SACK: nothing more is queued, or
-    the next chunk fits neither the window (PRR's quota in recovery) nor the peer's receive window.
-    Pacing is left out: the pacer's timer sends the next chunk without any SACK."""
-    queue = self._outbound_queue
-    if not queue:
-        return not self._data_channel_queue
-    size: int = queue[0]._book_size
-    room: int = self._prr_quota if self._in_recovery else self._cc.cwnd - self._flight_size
-    return room < size or self._peer_rwnd < size
-
-
-def _first_send(self: Any, c: Any, now: float) -> None:
-    if len(self._sent_queue) == 1:
-        self._last_progress = now  # a new flight: the peer's silence counts from here
-    self._flight_size_increase(c)
-    c._sent_count += 1
-    c._sent_time = now
-    c._del = self._delivered
-    c._del_t = self._delivered_time
-    c._first_t = self._first_sent_time
-    c._app_limited = self._delivered < self._app_limited_until
+async def _flush_next_messages(self: Any) -> None:
+    """Keep the window full: the outbound queue ran dry with room left, so the next data channel messages
+    are taken now (their ``_send`` calls ``_transmit``, which sends them)."""
+    self._flushing = True
+    try:
+        await self._data_channel_flush()
+    finally:
+        self._flushing = False
 
 
 def _pace_expired(self: Any) -> None:

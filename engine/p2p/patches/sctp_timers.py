@@ -12,6 +12,7 @@ import time
 from typing import Any
 
 from . import sctp_sender as s
+from .sctp_loops import first_send
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ async def _send_probe(self: Any) -> None:
     if self._outbound_queue and (self._peer_rwnd or 0) >= self._outbound_queue[0]._book_size:
         c = self._outbound_queue.popleft()
         self._sent_queue.append(c)
-        s._first_send(self, c, now)
+        first_send(self, c, now)
         if self._lah_mark_waits:  # a probe is sent to draw a SACK (RFC 7053's I bit: at once)
             c.flags |= s._I_BIT
         await self._send_chunk(c)

@@ -5,6 +5,7 @@ Layers, bottom to top (each only imports the ones beneath it)::
     limits.py       Limits / DEFAULT_LIMITS: hard caps checked before any allocation
         │
     finite.py       all_finite: the NaN/inf check every untrusted tensor passes, one cheap pass
+    inline.py       casts and copies on the calling thread only (no OpenMP team beside the compute's)
         │
     compression.py  float16 cast, int8 blockwise absmax quantization (stated error bounds)
         │

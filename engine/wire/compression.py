@@ -43,10 +43,12 @@ int8 blockwise absmax (1 byte/element + 4 bytes/block)
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from .errors import EncodeError
 from .finite import all_finite
+from .inline import GRAIN, cast
 
 __all__ = [
     "DEFAULT_BLOCK_SIZE",
@@ -65,8 +67,10 @@ DEFAULT_BLOCK_SIZE = 4096
 MIN_BLOCK_SIZE = 64
 MAX_BLOCK_SIZE = 1 << 20
 
-# Rows of blocks processed per step: bounds float64 temporaries to ~16 MiB regardless of tensor size.
-_CHUNK_ELEMENTS = 1 << 21
+# Elements processed per step: torch runs each step's ops on the calling thread (engine/wire/inline.py:
+# the codec runs beside a node's compute and must not start OpenMP teams), and float64 temporaries stay
+# small whatever the tensor's size. A block bigger than this (block_size up to 2**20) is one step.
+_CHUNK_ELEMENTS = GRAIN
 
 
 def is_valid_block_size(block_size: int) -> bool:
@@ -97,7 +101,7 @@ def _require_float(t: torch.Tensor) -> None:
 def to_float16(t: torch.Tensor) -> torch.Tensor:
     """Halves bandwidth; refuses to silently turn large finite values into inf."""
     _require_float(t)
-    h = t.to(torch.float16)
+    h = cast(t, torch.float16)
     # A finite result is the common case and proves that nothing overflowed, in one cheap pass.
     if t.dtype != torch.float16 and not all_finite(h) and bool((torch.isinf(h) & torch.isfinite(t)).any()):
         raise EncodeError("finite values overflow float16 (|x| >= 65520); clip or send uncompressed")
@@ -106,7 +110,7 @@ def to_float16(t: torch.Tensor) -> torch.Tensor:
 
 def from_float16(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Restores the sender's dtype so receivers never see the compression choice."""
-    return h.to(dtype)
+    return cast(h, dtype)
 
 
 def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,23 +129,27 @@ def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tupl
         raise EncodeError("int8 quantization needs finite values (found NaN or inf)")
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
+    # The arithmetic in numpy, which never starts threads (torch.round and reductions over a few blocks
+    # start an OpenMP team on the calling thread even below the grain); same IEEE operations, and
+    # rint, like torch.round, rounds half to even.
     for first in range(0, nb, rows_per_chunk):
         last = min(nb, first + rows_per_chunk)
         lo, hi = first * block_size, min(numel, last * block_size)
-        x = flat[lo:hi].to(work)
+        x = cast(flat[lo:hi], work).numpy()  # may alias the input: only read below
         pad = (last - first) * block_size - (hi - lo)
         if pad:
-            x = torch.cat([x, x.new_zeros(pad)])
-        blocks = x.view(last - first, block_size)
-        s32 = (blocks.abs().amax(dim=1) / 127).to(torch.float32)
-        if not bool(torch.isfinite(s32).all()):
+            x = np.concatenate([x, np.zeros(pad, dtype=x.dtype)])
+        blocks = x.reshape(last - first, block_size)
+        with np.errstate(over="ignore"):  # a float64 absmax past float32's range: caught just below
+            s32 = (np.abs(blocks).max(axis=1) / x.dtype.type(127)).astype(np.float32)
+        if not np.isfinite(s32).all():
             raise EncodeError("block absmax exceeds what a float32 scale can represent")
-        s = s32.to(work).unsqueeze(1)
+        s = s32.astype(x.dtype)[:, None]
         # A zero scale means every |x| in the block is below float32's reach; q = 0 is within the bound.
-        divisor = torch.where(s > 0, s, torch.ones_like(s))
-        qb = torch.round(blocks / divisor).clamp_(-127, 127).to(torch.int8)
-        scales[first:last] = s32
-        q[lo:hi] = qb.view(-1)[: hi - lo]
+        divisor = np.where(s > 0, s, x.dtype.type(1))
+        qb = np.clip(np.rint(blocks / divisor), -127, 127).astype(np.int8)
+        scales[first:last] = torch.from_numpy(s32)
+        q[lo:hi] = torch.from_numpy(qb.reshape(-1)[: hi - lo])
     return scales, q
 
 

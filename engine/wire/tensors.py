@@ -38,6 +38,7 @@ from .compression import (
     to_float16,
 )
 from .errors import DecodeError, EncodeError, LimitExceeded
+from .inline import contiguous, copy_into
 from .limits import DEFAULT_LIMITS, Limits
 
 __all__ = [
@@ -136,7 +137,7 @@ def encode_tensor(
         compression = Compression(compression)
     except ValueError:
         raise EncodeError(f"unknown compression {compression!r}") from None
-    t = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
+    t = contiguous(t.detach().to("cpu").resolve_conj().resolve_neg())  # no OpenMP team (inline.py)
     shape = tuple(int(d) for d in t.shape)
     comp = _effective_compression(name, compression)
     payload: memoryview | bytes
@@ -146,7 +147,10 @@ def encode_tensor(
         payload, bs = _raw_view(to_float16(t)), 0
     else:
         scales, q = quantize_int8(t, block_size)
-        payload, bs = _raw_view(torch.cat([scales.view(torch.uint8), q.view(torch.uint8)])), block_size
+        joined = torch.empty(4 * scales.numel() + q.numel(), dtype=torch.uint8)
+        copy_into(joined[: 4 * scales.numel()], scales.view(torch.uint8))
+        copy_into(joined[4 * scales.numel() :], q.view(torch.uint8))
+        payload, bs = _raw_view(joined), block_size
     meta = TensorMeta(dtype=name, shape=shape, compression=int(comp), nbytes=len(payload), block_size=bs)
     return meta, payload
 
@@ -215,7 +219,8 @@ def decode_tensor(meta: TensorMeta, payload: memoryview, limits: Limits = DEFAUL
         elif dtype == torch.bool:
             # Any byte other than 0/1 in a bool tensor is undefined behaviour in torch; normalise.
             raw = _frombuffer(payload, torch.uint8, numel)
-            flat = raw != 0 if bool((raw > 1).any()) else raw.view(torch.bool)
+            bytes_ = raw.numpy()  # numpy: no OpenMP team on the caller's thread (inline.py)
+            flat = torch.from_numpy(bytes_ != 0) if bool((bytes_ > 1).any()) else raw.view(torch.bool)
         else:
             flat = _frombuffer(payload, dtype, numel)
     elif meta.compression == Compression.FLOAT16:

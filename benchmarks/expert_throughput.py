@@ -195,13 +195,19 @@ def _trainer(ctl: Connection, url: str, host_id: str | None, args: dict[str, Any
     peer, hid, loop_tid = loop.run(up(), 60)
     expert = RemoteExpert(peer, hid, UID, loop=loop, timeout=120, wire=args["wire"])
     x = expert.to_wire(torch.randn(args["batch"], spec.dim))
-    g = expert.to_wire(torch.randn(args["batch"], spec.dim))
-    state = {"done": 0, "stop": False}
+    g = torch.randn(args["batch"], spec.dim)
+    # Output gradients of alternating sign: one fixed gradient would move every weight the same way at
+    # every step, and after a few hundred steps the outputs overflow float16 (|x| >= 65520) and the
+    # calls fail. The in-process baseline draws a fresh one each step; either way the mean is zero.
+    grads = (expert.to_wire(g), expert.to_wire(-g))
+    state = {"done": 0, "stop": False, "calls": 0}
 
     async def one() -> None:
         aid = new_activation_id()
+        state["calls"] += 1
+        grad = grads[state["calls"] % 2]
         await expert.call_forward(aid, x)
-        await expert.call_backward(aid, g, x)
+        await expert.call_backward(aid, grad, x)
         state["done"] += args["batch"]
 
     async def worker() -> None:

@@ -232,9 +232,9 @@ async def test_slow_reader_over_real_aiortc_bounds_both_sides(make_peer: MakePee
     assert sender.peak_buffered <= sender.high_water + (256 << 10)
 
 
-async def test_links_agree_a_sack_every_sixteen_packets(make_peer: MakePeer) -> None:
+async def test_links_agree_a_sack_every_eight_packets(make_peer: MakePeer) -> None:
     """Both descriptions carry the SACK-frequency attribute (engine/p2p/patches/ack_frequency.py), so
-    both ends SACK every 16 packets: an 8 MiB request draws a small fraction of its packets in SACKs,
+    both ends SACK every 8 packets: an 8 MiB request draws a small fraction of its packets in SACKs,
     and arrives intact."""
     from engine.p2p import patches
 
@@ -248,7 +248,7 @@ async def test_links_agree_a_sack_every_sixteen_packets(make_peer: MakePeer) -> 
     client = await make_peer()
     await client.connect(server.peer_id)
     for a, b in ((client, server), (server, client)):
-        assert patches.transport_stats(a.links[b.peer_id].pc.sctp)["sack_every"] == 16
+        assert patches.transport_stats(a.links[b.peer_id].pc.sctp)["sack_every"] == 8
     dtls = client.links[server.peer_id].pc.sctp.transport
     tx0, rx0 = dtls._RTCDtlsTransport__tx_packets, dtls._RTCDtlsTransport__rx_packets
     x = torch.randn(2048, 1024)
@@ -256,4 +256,4 @@ async def test_links_agree_a_sack_every_sixteen_packets(make_peer: MakePeer) -> 
     assert reply.fields["sum"] == float(x.sum())
     sent = dtls._RTCDtlsTransport__tx_packets - tx0  # the request's DATA packets (8 MiB: ~7,000)
     got = dtls._RTCDtlsTransport__rx_packets - rx0  # the server's SACKs and its small reply
-    assert sent > 6000 and got < sent / 8, (sent, got)
+    assert sent > 6000 and got < sent / 6, (sent, got)  # standard: one SACK per 2

@@ -76,6 +76,30 @@ class FakeDtls:
                 self._deliver(data)
 
 
+def established(base_tsn: int, sack_every: int | None = None) -> tuple[Any, FakeDtls]:
+    """A patched receiver in ESTABLISHED whose last TSN is ``base_tsn``; with ``sack_every``, agreed to
+    SACK every that many packets (as two descriptions asking for it would make it)."""
+    dtls = FakeDtls("server")
+    t: Any = sctp.RTCSctpTransport(dtls)  # type: ignore[arg-type]
+    t._remote_port = 5000
+    t._association_state = sctp.RTCSctpTransport.State.ESTABLISHED
+    t._last_received_tsn = base_tsn
+    if sack_every is not None:
+        ack_frequency.apply(t, _sdp(sack_every), _sdp(sack_every))
+    return t, dtls
+
+
+def data_packet(t: Any, tsn: int, flags: int = 3) -> bytes:
+    """One DATA chunk of 100 bytes on stream 1, as a packet to ``t``."""
+    c = sctp.DataChunk()
+    c.flags = flags
+    c.tsn = tsn
+    c.stream_id = 1
+    c.protocol = 53
+    c.user_data = b"x" * 100
+    return sctp.serialize_packet(5000, 5000, t._local_verification_tag, c)
+
+
 def _sdp(sack_every: int | None) -> str:
     """The application section of a description, with the SACK-frequency attribute or without."""
     sdp = "v=0\r\nm=application 9 UDP/DTLS/SCTP webrtc-datachannel\r\na=sctp-port:5000\r\n"

@@ -16,7 +16,16 @@ from aiortc.sdp import SessionDescription
 
 from engine.p2p import patches
 from engine.p2p.patches import ack_frequency, sctp_receiver
-from tests.unit.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair, sacks
+from tests.unit.sctp_fakes import (
+    FakeDtls,
+    StockTransport,
+    data_packet,
+    data_tsns,
+    established,
+    retransmitted,
+    run_pair,
+    sacks,
+)
 
 # An offer as aiortc 1.16 writes it (one data channel, one host candidate), before our attribute.
 OFFER = (
@@ -41,14 +50,15 @@ def _with(value: str) -> str:
 def test_advertise_adds_one_line_to_the_application_section_and_aiortc_still_parses_it() -> None:
     patches.install(strict=True)
     sdp = ack_frequency.advertise(OFFER)
-    assert sdp.count("a=lah-sack-frequency:16\r\n") == 1 and sdp.endswith("a=lah-sack-frequency:16\r\n")
+    line = f"a=lah-sack-frequency:{ack_frequency.MAX_SACK_EVERY}\r\n"
+    assert sdp.count(line) == 1 and sdp.endswith(line)
     assert ack_frequency.advertise(sdp) == sdp  # once
     parsed = SessionDescription.parse(sdp)
     media = parsed.media[0]
     assert media.kind == "application" and media.sctp_port == 5000
     assert media.sctpCapabilities is not None and media.sctpCapabilities.maxMessageSize == 262144
     assert media.dtls is not None and media.dtls.fingerprints[0].algorithm == "sha-256"
-    assert ack_frequency.advertised(sdp) == 16
+    assert ack_frequency.advertised(sdp) == ack_frequency.MAX_SACK_EVERY == 8
 
 
 def test_advertise_puts_the_line_in_the_application_section_when_another_follows() -> None:
@@ -56,7 +66,7 @@ def test_advertise_puts_the_line_in_the_application_section_when_another_follows
     audio = "m=audio 9 UDP/TLS/RTP/SAVPF 0\r\nc=IN IP4 0.0.0.0\r\na=mid:1\r\n"
     sdp = ack_frequency.advertise(OFFER + audio)
     app, rest = sdp.split("m=audio", 1)
-    assert "a=lah-sack-frequency:16" in app and "lah-sack-frequency" not in rest
+    assert "a=lah-sack-frequency:8" in app and "lah-sack-frequency" not in rest
 
 
 def test_nothing_advertised_without_sctp_patches_or_data_channel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +79,7 @@ def test_nothing_advertised_without_sctp_patches_or_data_channel(monkeypatch: py
 
 @pytest.mark.parametrize(
     ("value", "expected"),
-    [("2", 2), ("8", 8), ("16", 16), ("64", 16), ("999", 16), ("016", 16)],
+    [("2", 2), ("4", 4), ("8", 8), ("16", 8), ("999", 8), ("008", 8)],
 )
 def test_advertised_values_are_clamped(value: str, expected: int) -> None:
     assert ack_frequency.advertised(_with(value)) == expected
@@ -106,30 +116,17 @@ async def test_apply_sets_a_patched_transport_and_leaves_a_stock_one() -> None:
     stock: Any = StockTransport(FakeDtls("client"))  # type: ignore[arg-type]
     ack_frequency.apply(stock, _with("16"), _with("16"))
     assert not hasattr(stock, "_lah_sack_every")
-    assert ack_frequency.apply(None, _with("16"), _with("16")) == 16
+    assert ack_frequency.apply(None, _with("16"), _with("16")) == 8  # the most we accept
 
 
 # --- the receiver -------------------------------------------------------------------------------
 
 
 def _receiver(sack_every: int) -> tuple[Any, FakeDtls]:
-    dtls = FakeDtls("server")
-    t: Any = sctp.RTCSctpTransport(dtls)  # type: ignore[arg-type]
-    t._remote_port = 5000
-    t._association_state = sctp.RTCSctpTransport.State.ESTABLISHED
-    t._last_received_tsn = 1000
-    ack_frequency.apply(t, _with(str(sack_every)), _with(str(sack_every)))
-    return t, dtls
+    return established(1000, sack_every)
 
 
-def _data(t: Any, tsn: int, flags: int = 3) -> bytes:
-    c = sctp.DataChunk()
-    c.flags = flags
-    c.tsn = tsn
-    c.stream_id = 1
-    c.protocol = 53
-    c.user_data = b"x" * 100
-    return sctp.serialize_packet(5000, 5000, t._local_verification_tag, c)
+_data = data_packet
 
 
 async def test_receiver_sacks_every_n_packets_once_agreed() -> None:
@@ -141,7 +138,7 @@ async def test_receiver_sacks_every_n_packets_once_agreed() -> None:
 
 
 async def test_i_bit_gap_and_duplicate_are_sacked_at_once() -> None:
-    t, dtls = _receiver(16)
+    t, dtls = _receiver(8)
     await t._handle_data(_data(t, 1001))
     await t._handle_data(_data(t, 1002, flags=3 | I_BIT))  # the sender waits: at once
     assert [s.cumulative_tsn for s in sacks(dtls)] == [1002]
@@ -151,7 +148,7 @@ async def test_i_bit_gap_and_duplicate_are_sacked_at_once() -> None:
     got = sacks(dtls)
     assert [s.cumulative_tsn for s in got] == [1002, 1002, 1004, 1004]
     assert got[1].gaps == [(2, 2)] and got[3].duplicates == [1003]
-    await t._handle_data(_data(t, 1005))  # in order again: waits for 16 packets or the timer
+    await t._handle_data(_data(t, 1005))  # in order again: waits for 8 packets or the timer
     assert len(sacks(dtls)) == 4
     t._sack_timer.cancel()
 
@@ -163,7 +160,7 @@ async def test_i_bit_is_honoured_from_any_sender_at_the_standard_frequency() -> 
 
 
 async def test_the_timer_still_bounds_a_thinned_sack() -> None:
-    t, dtls = _receiver(16)
+    t, dtls = _receiver(8)
     for tsn in range(1001, 1004):
         await t._handle_data(_data(t, tsn))
     assert sacks(dtls) == []
@@ -188,7 +185,7 @@ def _data_packets(dtls: FakeDtls) -> int:
 
 
 async def test_agreed_pair_sends_a_quarter_of_the_sacks_and_flags_every_wait() -> None:
-    sent, received, _, da = await run_pair(n=30, size=60_000, sack_every=16)
+    sent, received, _, da = await run_pair(n=30, size=60_000, sack_every=8)
     assert received == sent and retransmitted(da) == 0
     data, sack_count = _data_packets(da), len(sacks(da.peer))
     assert sack_count <= data / 4, (sack_count, data)
@@ -200,7 +197,7 @@ async def test_agreed_pair_sends_a_quarter_of_the_sacks_and_flags_every_wait() -
 
 
 async def test_one_sided_request_changes_nothing() -> None:
-    sent, received, a, da = await run_pair(n=20, sack_every=16, agree_on="sender")
+    sent, received, a, da = await run_pair(n=20, sack_every=8, agree_on="sender")
     assert received == sent
     assert _i_bits(da.sent) == [] and ack_frequency.sack_every(a) == 2
     assert len(sacks(da.peer)) >= _data_packets(da) / 2 - 1
@@ -208,7 +205,7 @@ async def test_one_sided_request_changes_nothing() -> None:
 
 @pytest.mark.parametrize("loss", [0.03, 0.10])
 async def test_agreed_pair_repairs_loss_and_flags_retransmissions(loss: float) -> None:
-    sent, received, _, da = await run_pair(loss=loss, n=15, size=30_000, sack_every=16)
+    sent, received, _, da = await run_pair(loss=loss, n=15, size=30_000, sack_every=8)
     assert received == sent and retransmitted(da) > 0
     tsns = data_tsns(da.sent)
     resent = {t for t in tsns if tsns.count(t) > 1}
@@ -217,7 +214,7 @@ async def test_agreed_pair_repairs_loss_and_flags_retransmissions(loss: float) -
 
 
 async def test_agreed_pair_with_duplication_delivers_each_message_once() -> None:
-    sent, received, _, _ = await run_pair(n=20, duplicate=0.05, sack_every=16)
+    sent, received, _, _ = await run_pair(n=20, duplicate=0.05, sack_every=8)
     assert received == sent
 
 
@@ -225,12 +222,12 @@ async def test_a_small_message_is_acked_without_the_timer() -> None:
     """Five packets and nothing after them: the last carries the I bit, so the sender's flight empties
     in about a round trip, not after the 20 ms delayed-SACK timer."""
     waits: list[float] = []
-    for sack_every in (16, 2):
+    for sack_every in (8, 2):
         sent, received, _, _ = await run_pair(n=1, size=5 * 1100, sack_every=sack_every, measure=waits)
         assert received == sent
     assert waits[0] < sctp_receiver.SACK_DELAY / 2 < sctp_receiver.SACK_DELAY * 0.8 < waits[1], waits
 
 
 async def test_patched_sender_against_a_stock_receiver_sends_no_i_bits() -> None:
-    sent, received, _, da = await run_pair(n=10, sack_every=16, receiver_cls=StockTransport)
+    sent, received, _, da = await run_pair(n=10, sack_every=8, receiver_cls=StockTransport)
     assert received == sent and _i_bits(da.sent) == []

@@ -23,7 +23,14 @@ from aiortc import rtcsctptransport as sctp
 from engine.p2p import patches
 from engine.p2p.errors import PatchMismatch
 from engine.p2p.patches import registry, sctp_receiver
-from tests.unit.sctp_fakes import FakeDtls, StockTransport, retransmitted, run_pair, sacks
+from tests.unit.sctp_fakes import (
+    StockTransport,
+    data_packet,
+    established,
+    retransmitted,
+    run_pair,
+    sacks,
+)
 
 StockInboundStream: Any = registry.ORIGINALS["aiortc.rtcsctptransport.InboundStream"]
 
@@ -220,23 +227,8 @@ def test_reassembly_after_interrupted_scan() -> None:
 _sacks = sacks
 
 
-def _established(base_tsn: int) -> tuple[Any, FakeDtls]:
-    dtls = FakeDtls("server")
-    t: Any = sctp.RTCSctpTransport(dtls)  # type: ignore[arg-type]
-    t._remote_port = 5000
-    t._association_state = sctp.RTCSctpTransport.State.ESTABLISHED
-    t._last_received_tsn = base_tsn
-    return t, dtls
-
-
-def _data_packet(t: Any, tsn: int, flags: int = 3) -> bytes:
-    c = sctp.DataChunk()
-    c.flags = flags
-    c.tsn = tsn
-    c.stream_id = 1
-    c.protocol = 53
-    c.user_data = b"x" * 100
-    return sctp.serialize_packet(5000, 5000, t._local_verification_tag, c)
+_established = established
+_data_packet = data_packet
 
 
 async def test_sack_every_second_packet() -> None:

@@ -1,7 +1,7 @@
 """The compiled receiver (``open_receive``, engine/p2p/native/sctp_receive.c) against the Python receiver.
 
 Two patched transports get the same packets: one through ``_handle_data`` (the Python path, the
-oracle), one as sealed records through ``open_receive`` and :func:`dtls.deliver_opened`, as the DTLS
+oracle), one as sealed records through ``open_receive`` and :func:`compiled_sctp.deliver_opened`, as the DTLS
 reader hands them over. After every packet the receiver state, the streams' reassembly, the delivered
 messages and the SACKs sent must be equal. No sockets: the records are sealed by a second layer.
 """
@@ -17,7 +17,7 @@ from aiortc import rtcsctptransport as sctp
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.p2p.patches import ack_frequency, dtls, sctp_receiver
+from engine.p2p.patches import ack_frequency, compiled_sctp, sctp_receiver
 from tests.unit.sctp_fakes import FakeDtls, StockTransport, sacks
 
 try:
@@ -99,7 +99,7 @@ async def _run(packets: list[bytes], base: int, sack_every: int, cls: Any = sctp
             opened = layer.open_receive(seal.seal(p), c)
             taken += type(opened) is int
             if opened:
-                await dtls.deliver_opened(c, opened)
+                await compiled_sctp.deliver_opened(c, opened)
             assert _state(c) == _state(py)
             assert c_got == py_got and _sack_fields(c_dtls) == _sack_fields(py_dtls)
     finally:

@@ -29,7 +29,9 @@ except ImportError as e:  # the suite must not pass without the thing it tests: 
 
 CHUNK_FIELDS = ("tsn", "flags", "_in_flight", "_sent_count", "_sent_time", "_del", "_del_t", "_first_t",
                 "_app_limited", "_acked", "_abandoned", "_book_size")  # fmt: skip
-SENDER_FIELDS = ("_peer_rwnd", "_flight_size", "_prr_out", "_prr_quota", "_last_progress", "_delivered")
+SENDER_FIELDS = (
+    "_peer_rwnd", "_flight_size", "_prr_out", "_prr_quota", "_last_progress", "_delivered",
+)  # fmt: skip
 
 
 def _chunk(tsn: int, size: int, **fields: Any) -> Any:
@@ -57,7 +59,8 @@ def _sender(state: dict[str, Any]) -> Any:
     )
     t._flight_size = sum(c._book_size for c in t._sent_queue if c._in_flight)
     base = first + len(state["sent"])
-    t._outbound_queue = deque(_chunk(base + i, size, flags=f) for i, (size, f) in enumerate(state["outbound"]))
+    outbound = enumerate(state["outbound"])
+    t._outbound_queue = deque(_chunk(base + i, size, flags=f) for i, (size, f) in outbound)
     t._peer_rwnd = state["peer_rwnd"]
     t._cc.cwnd = state["cwnd"]
     t._cc.pacing_rate = state["pacing_rate"]

@@ -1,10 +1,14 @@
 """Compiled parts of the data path, each with the Python path beside it as fallback and test oracle.
 
 Layers: ``_records`` (C, ``setup.py`` builds it against OpenSSL's libcrypto) seals and opens DTLS 1.2
-application-data records and sends them with one ``sendto``; :mod:`.keys` derives their keys from the
-session OpenSSL negotiated; this module loads ``_records`` once and says why it could not. The
-handshake, every other record type and every session whose suite is not AEAD stay in OpenSSL; the
-caller is :mod:`engine.p2p.patches.dtls`.
+application-data records and sends them with one ``sendto`` (``_records.c``); builds and parses the SCTP
+packets inside (``sctp_packet.c``, ``sctp_calls.c``); sends a sender's burst of DATA chunks with one
+``sendmmsg`` or UDP GSO message (``sctp_burst.c``); takes the receiver's in-order DATA chunk on aiortc's
+own objects (``sctp_receive.c``); and runs the sender's two per-chunk loops there too (``sctp_send.c``,
+twins of :mod:`engine.p2p.patches.sctp_loops`). :mod:`.keys` derives the records' keys from the session
+OpenSSL negotiated; this module loads ``_records`` once and says why it could not. The handshake, every
+other record type and every session whose suite is not AEAD stay in OpenSSL; the callers are
+:mod:`engine.p2p.patches.dtls` and the SCTP patches beside it.
 
 A missing or broken build (no compiler or OpenSSL headers where it was built, a wrong CPU, a library
 that fails to load) is not an error: the node runs the Python path, slower, logs one warning, and the

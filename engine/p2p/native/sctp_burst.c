@@ -1,8 +1,8 @@
 /* A sender's burst in one call: every DATA chunk one _transmit releases, each built into its SCTP packet
  * (sctp_packet.c), sealed, and all of them sent with one sendmmsg per BURST_MAX packets where the
- * platform has it (Linux), else one sendto each. Why: with the peer SACKing every 16 packets a burst is
- * ~16 packets, and each paid a Python coroutine, a field tuple and a sendto of its own (engine.p2p.patches
- * .dtls.data_chunk_sender says where the per-chunk path still runs).
+ * platform has it (Linux), else one sendto each. Why: with the peer SACKing every 8 packets a burst is
+ * 8 packets and more, and each paid a Python coroutine, a field tuple and a sendto of its own (engine.p2p.patches
+ * .compiled_sctp.data_chunk_sender says where the per-chunk path still runs).
  *
  * On Linux, records of one size in a row (full DATA chunks, and the shorter last one after them) also go
  * as one UDP GSO message (UDP_SEGMENT, Linux 4.18): the kernel builds the UDP/IP packets once for the run

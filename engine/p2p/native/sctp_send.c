@@ -28,6 +28,7 @@ int rl_send_init(void) {
         {&s_sent_time, "_sent_time"}, {&s_del, "_del"}, {&s_del_t, "_del_t"}, {&s_first_t, "_first_t"},
         {&s_app_limited, "_app_limited"}, {&s_flags, "flags"}, {&s_tsn, "tsn"}, {&s_acked, "_acked"},
         {&s_abandoned, "_abandoned"}, {&s_popleft, "popleft"}, {&s_append, "append"},
+
     };
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
         if (!(*names[i].slot = PyUnicode_InternFromString(names[i].name))) return -1;
@@ -66,6 +67,24 @@ static int set_ll(PyObject *o, PyObject *name, long long v) {
     return r;
 }
 
+/* The first chunk of a queue (a new reference in *c): 1, or 0 when the queue is empty, -1 on an error. */
+static int front(PyObject *queue, PyObject **c) {
+    Py_ssize_t n = PyObject_Length(queue);
+    if (n <= 0) return n < 0 ? -1 : 0;
+    *c = PySequence_GetItem(queue, 0);
+    return *c ? 1 : -1;
+}
+
+/* Two int fields written back after a loop, also when it failed: the error it raised stays the one the
+ * caller sees. -1 when the loop or a write failed. */
+static int write_back(PyObject *t, PyObject *a, long long va, PyObject *b, long long vb, int failed) {
+    PyObject *type = NULL, *value = NULL, *tb = NULL;
+    if (failed) PyErr_Fetch(&type, &value, &tb);
+    failed = set_ll(t, a, va) < 0 || set_ll(t, b, vb) < 0 || failed;
+    if (type) PyErr_Restore(type, value, tb);
+    return failed ? -1 : 0;
+}
+
 /* take_new_chunks(transport, budget, now, burst) -> (budget, blocked, flush)
  * _transmit's loop over new chunks: see the module comment and sctp_sender._transmit, whose loop this
  * is, line for line, up to the point where the nested flush would run (then flush is True and Python
@@ -95,17 +114,14 @@ PyObject *rl_take_new_chunks(PyObject *m, PyObject *args) {
         goto out;
     if (in_recovery && (ll_attr(t, s_prr_out, &prr_out) < 0 || ll_attr(t, s_prr_quota, &prr_quota) < 0)) goto out;
     if (paced && d_attr(t, s_pace_tokens, &tokens) < 0) goto out;
+
     app_limited = PyBool_FromLong(delivered_v < app_until);
     /* From here chunks move: on an error the loop stops and what it did is still written back. */
     for (;;) {
-        Py_ssize_t left = PyObject_Length(outbound);
-        if (left <= 0) {
-            failed = left < 0;
-            break;
-        }
-        PyObject *c = PySequence_GetItem(outbound, 0);
-        if (!c) {
-            failed = 1;
+        PyObject *c;
+        int k = front(outbound, &c);
+        if (k <= 0) {
+            failed = k < 0;
             break;
         }
         long long size, count;
@@ -144,7 +160,7 @@ PyObject *rl_take_new_chunks(PyObject *m, PyObject *args) {
             }
             Py_ssize_t more = bad ? 0 : PyObject_Length(outbound), dc = bad ? 0 : PyObject_Length(dcq);
             bad = bad || more < 0 || dc < 0;
-            if (!bad && mark_waits) {  /* _waits_after: the last chunk before a SACK asks for it at once */
+            if (!bad && mark_waits) {  /* waits_after: the last chunk before a SACK asks for it at once */
                 int waits = 0;
                 if (more == 0) {
                     waits = dc == 0;
@@ -170,12 +186,8 @@ PyObject *rl_take_new_chunks(PyObject *m, PyObject *args) {
         failed = bad;
         break;
     }
-    /* Write back what the loop kept in C (an error raised meanwhile is kept for the caller). */
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    if (failed) PyErr_Fetch(&type, &value, &tb);
-    failed = set_ll(t, s_peer_rwnd, peer_rwnd) < 0 || set_ll(t, s_flight, flight) < 0 || failed;
-    if (type) PyErr_Restore(type, value, tb);
-    if (failed) goto out;
+    /* Write back what the loop kept in C. */
+    if (write_back(t, s_peer_rwnd, peer_rwnd, s_flight, flight, failed) < 0) goto out;
     if (in_recovery && (set_ll(t, s_prr_out, prr_out) < 0 || set_ll(t, s_prr_quota, prr_quota) < 0)) goto out;
     if (paced) {
         PyObject *x = PyFloat_FromDouble(tokens);
@@ -226,16 +238,12 @@ PyObject *rl_ack_cumulative(PyObject *m, PyObject *args) {
     int failed = 0;
     if (!q || ll_attr(t, s_delivered, &delivered) < 0 || ll_attr(t, s_flight, &flight) < 0) goto out;
     for (;;) {
-        Py_ssize_t n = PyObject_Length(q);
-        if (n <= 0) {
-            failed = n < 0;
-            break;
-        }
-        PyObject *c = PySequence_GetItem(q, 0);
+        PyObject *c;
         long long tsn, size;
-        if (!c || ll_attr(c, s_tsn, &tsn) < 0) {
-            Py_XDECREF(c);
-            failed = 1;
+        int k = front(q, &c);
+        if (k <= 0 || ll_attr(c, s_tsn, &tsn) < 0) {
+            if (k > 0) Py_DECREF(c);
+            failed = k != 0;
             break;
         }
         if (!gte32((uint32_t)cum, (uint32_t)tsn)) {
@@ -267,11 +275,7 @@ PyObject *rl_ack_cumulative(PyObject *m, PyObject *args) {
             break;
         }
     }
-    PyObject *type = NULL, *value = NULL, *tb = NULL;
-    if (failed) PyErr_Fetch(&type, &value, &tb);
-    failed = set_ll(t, s_delivered, delivered) < 0 || set_ll(t, s_flight, flight) < 0 || failed;
-    if (type) PyErr_Restore(type, value, tb);
-    if (failed) goto out;
+    if (write_back(t, s_delivered, delivered, s_flight, flight, failed) < 0) goto out;
     result = Py_BuildValue("(LO)", n_new, newest ? newest : Py_None);
 out:
     Py_XDECREF(q);

@@ -2,9 +2,11 @@
 
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
 :mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
-:mod:`.sctp_timers`) and :mod:`.dtls` (records and datagrams, below SCTP) hold the replacements;
-:mod:`.congestion` holds the pure congestion controllers the sender drives; :mod:`.ack_frequency`
-is the SDP agreement on how often a receiver SACKs (a connection calls it around its descriptions).
+:mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`), :mod:`.dtls` (records and datagrams,
+below SCTP) and :mod:`.compiled_sctp` (SCTP packets on a link whose records are compiled) hold the
+replacements; :mod:`.congestion` holds the pure congestion controllers the sender drives;
+:mod:`.ack_frequency` is the SDP agreement on how often a receiver SACKs (a connection calls it around
+its descriptions).
 :func:`install` is called explicitly once at process start (the ``lah`` CLI, tests' conftest,
 benchmarks), never by a constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or
 where a replaced function's source hash differs, the group concerned stays stock and a warning is
@@ -63,13 +65,20 @@ Speed patches (numbers: benchmarks/sctp_probe.py, 2 cores, loopback; end of this
    internals it relies on; any mismatch leaves this group stock. Where the compiled layer
    (:mod:`engine.p2p.native`) loaded, records, SCTP packets and their ``sendto`` leave Python
    altogether once the peer's first record arrives (:mod:`.dtls`'s docstring).
+9. Per chunk, in C where the compiled layer loaded: a sender's burst is sent in one call (one
+   ``sendmmsg``, or a UDP GSO message per run of equal-sized records); the receiver's in-order DATA
+   chunk is taken on aiortc's objects (``open_receive``), in the UDP callback itself while the DTLS
+   reader waits on an empty queue; the sender's loops over new chunks and over cumulatively acked ones
+   run in C with the Python loops of :mod:`.sctp_loops` as fallback and oracle. aioice's datagram queue
+   is a deque (``ice.DatagramQueue``: ``asyncio.Queue``'s bookkeeping cost ~2 µs a datagram).
 
 Figures (benchmarks/sctp_probe.py, 32 MiB, 2 noisy cores; CPU ms per MiB, both processes, median of
 3): stock asyncio 64 KiB 100 (1 run); patched+uvloop 1-5: 64 KiB 55, 256 KiB 59. Earlier sender fast
 paths (indexed SACK processing, a retransmit-scan flag) showed no measurable gain and went when the
 sender was replaced. 256 KiB messages are not cheaper than 64 KiB.
 
-Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the SDP, the DTLS handshake.
+Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the DTLS handshake, and the SDP
+but for the one attribute :mod:`.ack_frequency` adds.
 """
 
 from __future__ import annotations

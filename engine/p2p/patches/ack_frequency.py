@@ -7,7 +7,9 @@ and a SACK costs its sender more Python than a DATA packet does (``_receive_sack
 controller, ``_transmit``). Our sender counts delivered bytes, not SACKs (the BBR-style controller
 samples the delivery rate, CUBIC counts bytes), so it loses nothing when the peer SACKs every N packets,
 which is what QUIC's ACK_FREQUENCY extension (draft-ietf-quic-ack-frequency) lets a sender ask for and
-what QUIC stacks do by default (about every 10 packets).
+what QUIC stacks do by default (about every 10 packets). We ask for 8: 16 saved a little more CPU on
+loopback, but a window of a few dozen packets then got two SACKs a round trip, and a 64 KiB call on a
+50 ms path took a round trip more (ARCHITECTURE.md, Transport).
 
 What keeps a thinner SACK stream prompt where it matters is RFC 7053's I bit, which the sender sets on
 a DATA chunk after which it will wait for a SACK: its congestion window (or PRR's quota) has no room
@@ -38,7 +40,7 @@ import re
 from typing import Any
 
 ATTRIBUTE = "lah-sack-frequency"
-MAX_SACK_EVERY = 16  # what we advertise and the most we accept: a SACK per 16 packets (~19 KiB)
+MAX_SACK_EVERY = 8  # what we advertise and the most we accept: a SACK per 8 packets (~9 KiB)
 STANDARD_SACK_EVERY = 2  # RFC 9260 6.2
 I_BIT = 0x08  # RFC 7053 section 4.1: DATA chunk flag "SACK immediately"
 

@@ -20,7 +20,7 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import dtls, hosts, ice, sctp_receiver, sctp_sender, sctp_timers
+from . import compiled_sctp, dtls, hosts, ice, sctp_receiver, sctp_sender, sctp_timers
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 VERSIONED_GROUPS = ("sctp", "ice", "dtls")  # written against PINNED; "hosts" only needs its hash to match
@@ -262,7 +262,7 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_send_chunk",
         "eb2f909e3c2ff5cc948062e5eeaee54868455940ea62c6c9162145a4550127e6",
         "dtls",
-        dtls.send_chunk,
+        compiled_sctp.send_chunk,
     ),
     *(Patch(name, digest, "dtls") for name, digest in _DTLS_RELIED),
 )

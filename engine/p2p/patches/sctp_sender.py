@@ -51,7 +51,7 @@ from aiortc.utils import uint32_gte as _gte
 from ..native import records as _native_records
 from . import congestion, sctp_receiver, sctp_timers
 from . import sctp_loops as _loops
-from .dtls import data_chunk_sender as _data_chunk_sender
+from .compiled_sctp import data_chunk_sender as _data_chunk_sender
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +391,7 @@ async def _transmit(self: Any) -> None:
     st = self._lah_stats
     q = self._sent_queue
     blocked = False
-    burst: list[Any] = []  # new chunks, sent in one compiled call (dtls.data_chunk_sender) or one by one
+    burst: list[Any] = []  # new chunks: one compiled call sends them (compiled_sctp), else one by one
     send_burst = _data_chunk_sender(self) if self._outbound_queue else None
 
     if self._rtx_pending:

@@ -50,7 +50,6 @@ def count(transport: Any, f: Any, size: int) -> None:
     transport._RTCDtlsTransport__tx_packets += 1
 
 
-
 # --- receiving -----------------------------------------------------------------------------------
 
 
@@ -64,8 +63,8 @@ def open_record(rl: Any, data: bytes, sctp_transport: Any) -> Any:
 
 
 async def deliver_opened(sctp_transport: Any, opened: Any) -> None:
-    """What the compiled layer opened (``open_record``), to SCTP: an int is an in-order DATA chunk it already
-    took (``open_receive``), with what its SACK needs; a tuple one DATA or SACK chunk it parsed; bytes
+    """What the compiled layer opened (``open_record``), to SCTP: an int is an in-order DATA chunk it
+    already took (``open_receive``), with what its SACK needs; a tuple one DATA or SACK chunk it parsed; bytes
     a packet for aiortc's parser; an exception what opening raised in the UDP callback."""
     kind = type(opened)
     if kind is int:
@@ -125,7 +124,7 @@ async def compiled_burst(self: Any, f: Any, q: Any, result: Any) -> Any:
         return result  # rl.open(), with aiortc's parser logging every chunk: the general loop
     open_receive = f.native.open_receive
     conn = f.conn
-    size = count = 0
+    size = packets = 0
     try:
         while result is not None:
             data = result[0]
@@ -141,7 +140,7 @@ async def compiled_burst(self: Any, f: Any, q: Any, result: Any) -> Any:
             if opened is None:  # not application data of this epoch: OpenSSL's
                 return result
             size += len(data)
-            count += 1
+            packets += 1
             if opened:  # b"": a replay or a forgery, dropped (counted there); 0: a chunk taken, nothing due
                 await deliver_opened(receiver, opened)
             if not q.qsize() or not conn._nominated:
@@ -150,8 +149,7 @@ async def compiled_burst(self: Any, f: Any, q: Any, result: Any) -> Any:
         return result
     finally:
         self._RTCDtlsTransport__rx_bytes += size
-        self._RTCDtlsTransport__rx_packets += count
-
+        self._RTCDtlsTransport__rx_packets += packets
 
 
 # --- sending -------------------------------------------------------------------------------------

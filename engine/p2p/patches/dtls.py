@@ -35,7 +35,6 @@ taken in C, the UDP callback's first look) is :mod:`.compiled_sctp`'s.
 from __future__ import annotations
 
 import contextlib
-import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -61,7 +60,6 @@ _CONNECTED = dtls.State.CONNECTED
 _ESTABLISHED = sctp.RTCSctpTransport.State.ESTABLISHED
 _StunProtocol = ice.StunProtocol
 _DataChunk = sctp.DataChunk
-_sctp_logger = logging.getLogger("aiortc.rtcsctptransport")
 _BUFSIZE = 1500  # aiortc's read size for both directions
 _NONE_SEEN = (0, -1)  # (epoch, sequence number) before any record
 _SSL_read = _lib.SSL_read

@@ -15,7 +15,7 @@ from typing import Any
 
 from aiortc.utils import uint32_gte as _gte
 
-I_BIT = 0x08  # RFC 7053's "SACK immediately" flag
+from .ack_frequency import I_BIT
 
 
 def spend(self: Any, size: int) -> None:

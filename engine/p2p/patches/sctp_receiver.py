@@ -15,9 +15,11 @@ from typing import Any
 from aiortc import rtcsctptransport as sctp
 from aiortc.utils import uint32_gt as _uint32_gt
 
+from .ack_frequency import I_BIT as _I_BIT  # the sender waits for this SACK
+from .ack_frequency import STANDARD_SACK_EVERY
+
 # Longest a SACK waits for a second DATA packet (RFC 9260 section 6.2: < 500 ms, 200 ms advised).
 SACK_DELAY = 0.02
-_I_BIT = 0x08  # RFC 7053: the sender waits for this SACK (ack_frequency)
 
 _StockInboundStream: Any = sctp.InboundStream
 _stock_add_chunk: Callable[[Any, Any], None] = _StockInboundStream.add_chunk
@@ -72,7 +74,7 @@ _stock_forward_tsn: Callable[[Any, Any], Any] = _Transport._receive_forward_tsn_
 def init_receiver(self: Any) -> None:
     """Receiver state on a new transport (called by the sender's ``__init__`` replacement)."""
     self._sack_packets = 0  # packets needing a SACK since the last one
-    self._lah_sack_every = 2  # packets per SACK: RFC 9260's 2 unless the peers agreed more (ack_frequency)
+    self._lah_sack_every = STANDARD_SACK_EVERY  # packets per SACK, unless the peers agreed more
     # The delayed SACK's timer is lazy, like T3's (sctp_timers): one handle, armed when a SACK first
     # waits and left armed when the SACK goes early; at expiry it re-arms for the SACK that waits then,
     # if any. A cancel and a new timer for every second packet cost more than the rest of its SACK.

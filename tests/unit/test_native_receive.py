@@ -70,7 +70,16 @@ def _state(t: Any) -> dict[str, Any]:
         sid: ([(c.tsn, c.flags, c.user_data) for c in s.reassembly], s.sequence_number, type(s).__name__)
         for sid, s in t._inbound_streams.items()
     }
-    ours = {name: getattr(t, name, None) for name in ("_sack_packets", "_sack_urgent", "_sack_reported_gaps")}
+    ours = {
+        name: getattr(t, name, None)
+        for name in (
+            "_sack_packets",
+            "_sack_urgent",
+            "_sack_reported_gaps",
+            "_lah_fragment_room",
+            "_lah_window_drops",
+        )
+    }
     return {
         "last": t._last_received_tsn,
         "rwnd": t._advertised_rwnd,
@@ -87,11 +96,19 @@ def _sack_fields(d: FakeDtls) -> list[tuple[Any, ...]]:
     return [(s.cumulative_tsn, s.advertised_rwnd, s.gaps, s.duplicates) for s in sacks(d)]
 
 
-async def _run(packets: list[bytes], base: int, sack_every: int, cls: Any = sctp.RTCSctpTransport) -> int:
+async def _run(
+    packets: list[bytes],
+    base: int,
+    sack_every: int,
+    cls: Any = sctp.RTCSctpTransport,
+    window: int | None = None,
+) -> int:
     """Both receivers take ``packets``; returns how many the compiled one took in C."""
     seal, layer = _layers()
     py, py_dtls, py_got = _receiver(cls, base, sack_every)
     c, c_dtls, c_got = _receiver(cls, base, sack_every)
+    if window is not None:
+        py._advertised_rwnd = c._advertised_rwnd = window
     taken = 0
     try:
         for p in packets:
@@ -126,6 +143,14 @@ async def test_in_order_fragments_are_taken_in_c_to_the_same_effect(base: int, s
     packets = _messages(base, [1, 40, 3, 17, 2], i_bits={base + 9, base + 44})
     taken = await _run(packets, base, sack_every)
     assert taken == len(packets) - 5  # every fragment but the 5 last ones (the first makes the stream)
+
+
+async def test_a_full_window_is_left_to_python_which_drops_alike() -> None:
+    """A message that never ends (issue 34, item 2): the C path takes fragments while the window has
+    room, counting the fragment room as Python does, and none once it is shut, so Python drops them."""
+    packets = _messages(100, [60], set())[:-1]  # never the LAST fragment
+    taken = await _run(packets, 100, 2, window=20 * 100)
+    assert taken == 19  # the first fragment made the stream (Python), 19 more filled the window in C
 
 
 async def test_a_stock_stream_or_transport_is_never_taken() -> None:

@@ -4,7 +4,8 @@
  * _send_sack's count) for what is a few field updates. Here they are made in C on aiortc's own objects,
  * with the effect those calls have on this path, so the Python receiver (engine.p2p.patches.sctp_receiver)
  * and this one share one state and either may take the next packet. Anything else (a gap, a duplicate,
- * a last fragment, a new stream, a deferred stream reset, a closing association) is left to Python,
+ * a last fragment, a new stream, a deferred stream reset, a closing association, a full receive window:
+ * no bytes or fragment room left, where Python decides what to drop) is left to Python,
  * which also remains the oracle: tests feed the same packets to both and compare every field. */
 #include "records.h"
 #include "sctp_packet.h"
@@ -17,7 +18,7 @@ static PyObject *chunk_type, *stream_type, *established, *object_new;
 
 static PyObject *a_reconfig, *a_state, *a_misordered, *a_duplicates, *a_last_tsn, *a_streams, *a_settled,
     *a_reassembly, *a_sack_needed, *a_sack_urgent, *a_rwnd, *a_packets, *a_every, *a_reported_gaps, *a_due_at,
-    *a_timer, *a_vtag, *f_flags, *f_tsn, *f_stream_id, *f_stream_seq, *f_protocol, *f_user_data;
+    *a_timer, *a_vtag, *a_room, *f_flags, *f_tsn, *f_stream_id, *f_stream_seq, *f_protocol, *f_user_data;
 
 int rl_receive_init(void) {
     struct { PyObject **slot; const char *name; } names[] = {
@@ -27,7 +28,7 @@ int rl_receive_init(void) {
         {&a_reassembly, "reassembly"}, {&a_sack_needed, "_sack_needed"}, {&a_sack_urgent, "_sack_urgent"},
         {&a_rwnd, "_advertised_rwnd"}, {&a_packets, "_sack_packets"}, {&a_every, "_lah_sack_every"},
         {&a_reported_gaps, "_sack_reported_gaps"}, {&a_due_at, "_sack_due_at"}, {&a_timer, "_sack_timer"},
-        {&a_vtag, "_local_verification_tag"}, {&f_flags, "flags"}, {&f_tsn, "tsn"},
+        {&a_vtag, "_local_verification_tag"}, {&a_room, "_lah_fragment_room"}, {&f_flags, "flags"}, {&f_tsn, "tsn"},
         {&f_stream_id, "stream_id"}, {&f_stream_seq, "stream_seq"}, {&f_protocol, "protocol"},
         {&f_user_data, "user_data"},
     };
@@ -157,8 +158,10 @@ static int take(PyObject *t, const unsigned char *c, Py_ssize_t length, int *cod
     uint32_t tsn = rd32(c + 4);
     PyObject *stream, *r;
     int k = eligible(t, tsn, (unsigned)(c[8] << 8 | c[9]), &stream, &r);
-    long long rwnd = 0, packets = 0, every = 0;
+    long long rwnd = 0, room = 0, packets = 0, every = 0;
     if (k > 0) k = get_ll(t, a_rwnd, &rwnd);
+    if (k > 0) k = get_ll(t, a_room, &room);
+    if (k > 0 && (rwnd <= 0 || room <= 0)) k = 0;  /* the window is full: Python drops the chunk */
     if (k > 0) k = get_ll(t, a_packets, &packets);
     if (k > 0) k = get_ll(t, a_every, &every);
     if (k <= 0) {
@@ -173,6 +176,7 @@ static int take(PyObject *t, const unsigned char *c, Py_ssize_t length, int *cod
     if (PyObject_SetAttr(t, a_sack_needed, Py_True) < 0) goto out;
     if (flags & I_BIT && PyObject_SetAttr(t, a_sack_urgent, Py_True) < 0) goto out;
     if (set_int(t, a_last_tsn, tsn) < 0 || set_int(t, a_rwnd, rwnd - (length - SCTP_DATA_HEADER)) < 0) goto out;
+    if (set_int(t, a_room, room - 1) < 0) goto out;
     if (set_int(t, a_packets, ++packets) < 0) goto out;
     PyObject *gaps, *urgent, *due, *timer;
     if (get(t, a_reported_gaps, &gaps) <= 0) goto out;

@@ -1,6 +1,7 @@
 """Every change this project makes to aiortc's and aioice's behaviour, in one place.
 
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
+:mod:`.sctp_guard` (a packet parser that checks every length, and a link whose failure stays its own),
 :mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
 :mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`), :mod:`.dtls` (records and datagrams,
 below SCTP) and :mod:`.compiled_sctp` (SCTP packets on a link whose records are compiled) hold the
@@ -92,7 +93,7 @@ from . import ack_frequency, congestion, dtls, hosts, registry, sctp_sender
 logger = logging.getLogger(__name__)
 
 PINNED = registry.PINNED
-GROUPS = ("hosts", "sctp", "ice", "dtls")
+GROUPS = ("hosts", "guard", "sctp", "ice", "dtls")
 _installed: set[str] = set()
 
 
@@ -169,6 +170,8 @@ def transport_stats(transport: object) -> dict[str, object]:
     which record layer its DTLS transport runs (``records``: compiled, openssl or stock)."""
     stats = sctp_sender.stats(transport)
     if stats:
+        stats["malformed_packets"] = getattr(transport, "_lah_malformed", 0)
+        stats["window_drops"] = getattr(transport, "_lah_window_drops", 0)
         stats["records"] = dtls.record_layer(getattr(transport, "transport", None) or transport)
         stats["sack_every"] = ack_frequency.sack_every(transport)
     return stats

@@ -3,7 +3,8 @@
 Each :class:`Patch` names an original by dotted path, the sha256 of ``inspect.getsource`` of it as
 written in the pinned versions, and its replacement (None: not replaced, but a replacement relies on
 how it behaves, so a change to it must be reviewed too). Patches form groups that are installed whole
-or not at all: ``hosts`` (candidate pinning, needed by tests and the demo), ``sctp``, ``ice`` and
+or not at all: ``hosts`` (candidate pinning, needed by tests and the demo), ``guard`` (a bounded packet
+parser and a link that fails alone: :mod:`.sctp_guard`), ``sctp``, ``ice`` and
 ``dtls`` (speed and recovery; only on the pinned versions; ``dtls`` also hashes the pyOpenSSL and aioice
 internals it calls). :func:`verify` says what does not match; the
 package's ``install`` then leaves that group stock and warns.
@@ -20,10 +21,12 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import compiled_sctp, dtls, hosts, ice, sctp_receiver, sctp_sender, sctp_timers
+from . import compiled_sctp, dtls, hosts, ice, sctp_guard, sctp_receiver, sctp_sender, sctp_timers
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
-VERSIONED_GROUPS = ("sctp", "ice", "dtls")  # written against PINNED; "hosts" only needs its hash to match
+# written against PINNED; "hosts" and "guard" only need their hashes to match (the guard's replacements
+# do what stock does, with every length checked: a node on any aiortc with these sources wants them)
+VERSIONED_GROUPS = ("sctp", "ice", "dtls")
 
 
 @dataclass(frozen=True)
@@ -95,6 +98,24 @@ PATCHES: tuple[Patch, ...] = (
         "d4a54f9a68c39ff1bed532e76bd148cf1530aeb35b9be32900b53e234b78ae4f",
         "hosts",
         hosts.get_host_addresses,
+    ),
+    Patch(
+        "aiortc.rtcsctptransport.decode_params",
+        "2ee53946e23f05a348f96053b3fe8b06257597998695ae58a8843a9168191d41",
+        "guard",
+        sctp_guard.decode_params,
+    ),
+    Patch(
+        "aiortc.rtcsctptransport.parse_packet",
+        "b88a5f1d01e14c5f77eea2ef5ab17c7afc7c8ac8d0bae50b6d362d7a46ad9249",
+        "guard",
+        sctp_guard.parse_packet,
+    ),
+    Patch(
+        "aiortc.rtcdtlstransport.RTCDtlsTransport._RTCDtlsTransport__run",
+        "24d63d929a104e16e20d0196590ee21cc41f9d569b134d2779b1d62d876e6815",
+        "guard",
+        sctp_guard.dtls_run,
     ),
     Patch(
         "aiortc.rtcsctptransport.InboundStream",

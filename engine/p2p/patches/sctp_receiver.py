@@ -1,12 +1,26 @@
-"""SCTP receiver patches: delayed SACK, reassembly without rescans, in-order fast path.
+"""SCTP receiver patches: delayed SACK, reassembly without rescans, in-order fast path, and a receive
+window that holds against a peer that ignores it.
 
 What each does and why it is safe: the package docstring (items 1-3). The stock functions they wrap are
 kept as ``_stock_*``; tests use the registry's originals as the oracle.
+
+The window (``_receive_data_chunk``, :func:`_admit`): stock aiortc buffers every DATA chunk it is sent,
+whatever it advertised, and reports every gap in its SACK, so a peer that ignores the window (chunks
+that never complete a message) grows the victim's reassembly without bound and at 65,536 gaps breaks
+the SACK's 16-bit count (``struct.error``), which ended the link. Here, as RFC 9260 section 6.2 says, a
+new chunk beyond the highest TSN received is dropped while the window is full (no bytes left, or
+:data:`MAX_FRAGMENTS` fragments buffered: a 1-byte fragment costs a few hundred bytes of Python); a chunk
+more than :data:`TSN_HORIZON` TSNs past the cumulative ack is dropped always (it bounds the gaps, and so
+the SACK's and ``_mark_received``'s work); a SACK reports the lowest gap blocks and duplicates that fit
+one packet (:func:`sack_blocks`). A peer that has :data:`ABUSE_LIMIT` chunks dropped in a row, with no
+chunk accepted between, is not a sender whose data was in flight when the window closed: the link is
+closed with :class:`~engine.p2p.errors.ProtocolError` (:mod:`.sctp_guard` closes it and logs why).
 """
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
@@ -15,11 +29,22 @@ from typing import Any
 from aiortc import rtcsctptransport as sctp
 from aiortc.utils import uint32_gt as _uint32_gt
 
+from ..errors import ProtocolError
 from .ack_frequency import I_BIT as _I_BIT  # the sender waits for this SACK
 from .ack_frequency import STANDARD_SACK_EVERY
+from .sctp_guard import MalformedPacket
+from .sctp_guard import parse_packet as _parse_packet
 
 # Longest a SACK waits for a second DATA packet (RFC 9260 section 6.2: < 500 ms, 200 ms advised).
 SACK_DELAY = 0.02
+
+# The receive window's bounds (module docstring). An honest sender at our 4 MiB window has about 3,600
+# full-sized chunks in flight; what it sends past these bounds is dropped and sent again, never lost.
+TSN_HORIZON = 8192  # DATA further than this past the cumulative ack is dropped
+MAX_FRAGMENTS = 16384  # fragments held for reassembly, all streams together
+ABUSE_LIMIT = 4096  # chunks dropped in a row (none accepted between): the peer ignores the window
+# Gap blocks and duplicate TSNs that fit one SACK in one packet: (1189 - 12 - 16) / 4.
+MAX_SACK_ENTRIES = (sctp.SCTP_MAX_PACKET_LENGTH - sctp.SCTP_COMMON_HEADER_LENGTH - 16) // 4
 
 _StockInboundStream: Any = sctp.InboundStream
 _stock_add_chunk: Callable[[Any, Any], None] = _StockInboundStream.add_chunk
@@ -67,7 +92,6 @@ class FastInboundStream(_StockInboundStream):  # type: ignore[misc]
 
 # --- delayed SACK ------------------------------------------------------------------------------
 
-_stock_send_sack: Callable[[Any], Any] = _Transport._send_sack
 _stock_forward_tsn: Callable[[Any, Any], Any] = _Transport._receive_forward_tsn_chunk
 
 
@@ -82,14 +106,58 @@ def init_receiver(self: Any) -> None:
     self._sack_due_at = None  # loop time by which the waiting SACK must go; None: none waits
     self._sack_urgent = False  # a FORWARD TSN, or a DATA chunk with the I bit, arrived
     self._sack_reported_gaps = False  # the last SACK sent reported gaps
+    self._lah_highest_tsn = None  # the highest TSN accepted past the cumulative ack (stale: use that)
+    self._lah_fragment_room = MAX_FRAGMENTS  # fragments that may still be buffered (the C path counts too)
+    self._lah_drops_in_row = 0  # DATA chunks dropped past the window since one was accepted
+    self._lah_window_drops = 0  # all such drops
+    self._lah_malformed = 0  # packets dropped as malformed (sctp_guard)
+
+
+def sack_blocks(
+    last: int, misordered: set[int], duplicates: list[int]
+) -> tuple[list[tuple[int, int]], list[int]]:
+    """A SACK's gap blocks (offsets from the cumulative TSN ``last``) and duplicate TSNs, the lowest
+    blocks first and as many of both as fit one packet (:data:`MAX_SACK_ENTRIES`). Stock aiortc reports
+    them all, past a packet and past the count's 16 bits."""
+    tsns = sorted(misordered)
+    cut = bisect.bisect_right(tsns, last)  # TSNs past the wrap sort below last: they come after
+    if cut:
+        tsns = tsns[cut:] + tsns[:cut]
+    gaps: list[tuple[int, int]] = []
+    start = end = -1
+    for tsn in tsns:
+        pos = (tsn - last) % _MOD
+        if pos == end + 1:
+            end = pos
+            continue
+        if start >= 0:
+            gaps.append((start, end))
+            if len(gaps) == MAX_SACK_ENTRIES:
+                break
+        if pos > 0xFFFF:  # an offset a block cannot carry (beyond any horizon we accept)
+            start = -1
+            break
+        start = end = pos
+    if start >= 0 and len(gaps) < MAX_SACK_ENTRIES:
+        gaps.append((start, end))
+    return gaps, duplicates[: MAX_SACK_ENTRIES - len(gaps)]
 
 
 async def _send_sack_now(self: Any) -> None:
+    """Stock ``_send_sack``'s SACK, bounded to one packet (:func:`sack_blocks`)."""
     self._sack_due_at = None  # an armed timer finds nothing waiting
     self._sack_packets = 0
     self._sack_urgent = False
     self._sack_reported_gaps = bool(self._sack_misordered)
-    await _stock_send_sack(self)
+    sack = _SackChunk()
+    sack.cumulative_tsn = self._last_received_tsn
+    sack.advertised_rwnd = max(0, self._advertised_rwnd)
+    sack.gaps, sack.duplicates = sack_blocks(
+        self._last_received_tsn, self._sack_misordered, self._sack_duplicates
+    )
+    await self._send_chunk(sack)
+    self._sack_duplicates.clear()
+    self._sack_needed = False
 
 
 async def _send_sack(self: Any) -> None:
@@ -153,12 +221,12 @@ async def _flush_sack(self: Any) -> None:
 async def _receive_forward_tsn_chunk(self: Any, chunk: Any) -> None:
     self._sack_urgent = True
     await _stock_forward_tsn(self, chunk)
+    _count_fragments(self)  # it pruned abandoned fragments from any stream
 
 
 # --- receive / SACK-processing fast paths ------------------------------------------------------
 
 _stock_handle_data: Callable[[Any, bytes], Any] = _Transport._handle_data
-_parse_packet = sctp.parse_packet
 _DataChunk = sctp.DataChunk
 _SackChunk = sctp.SackChunk
 _InitChunk = sctp.InitChunk
@@ -172,7 +240,10 @@ async def _handle_data(self: Any, data: bytes) -> None:
     takes the stock path unchanged."""
     try:
         _, _, verification_tag, chunks = _parse_packet(data)
-    except ValueError:
+    except MalformedPacket:
+        self._lah_malformed += 1
+        return
+    except ValueError:  # a bad checksum
         return
     if verification_tag != self._local_verification_tag or _sctp_logger.isEnabledFor(logging.DEBUG):
         await _stock_handle_data(self, data)
@@ -223,20 +294,69 @@ async def _receive_data_chunk(self: Any, chunk: Any) -> None:
     (``ack_frequency``), whoever sent it."""
     if chunk.flags & _I_BIT:
         self._sack_urgent = True
+    if not _admit(self, chunk.tsn):
+        return
+    streams = self._inbound_streams
+    before = streams.get(chunk.stream_id)
+    held = 0 if before is None else len(before.reassembly)
     if self._reconfig_deferred is not None:
         await _stock_receive_data_chunk(self, chunk)
-        return
-    self._sack_needed = True
-    if self._mark_received(chunk.tsn):
-        return
-    inbound_stream = self._get_inbound_stream(chunk.stream_id)
-    inbound_stream.add_chunk(chunk)
-    self._advertised_rwnd -= len(chunk.user_data)
-    for message in inbound_stream.pop_messages():
-        self._advertised_rwnd += len(message[2])
-        await self._receive(*message)
-    if self._reconfig_deferred is not None:  # set while a message was delivered
-        await self._reset_deferred_streams()
+    else:
+        self._sack_needed = True
+        if self._mark_received(chunk.tsn):
+            return
+        inbound_stream = self._get_inbound_stream(chunk.stream_id)
+        inbound_stream.add_chunk(chunk)
+        self._advertised_rwnd -= len(chunk.user_data)
+        for message in inbound_stream.pop_messages():
+            self._advertised_rwnd += len(message[2])
+            await self._receive(*message)
+        if self._reconfig_deferred is not None:  # set while a message was delivered
+            await self._reset_deferred_streams()
+    after = streams.get(chunk.stream_id)
+    self._lah_fragment_room -= (0 if after is None else len(after.reassembly)) - held
+
+
+def _count_fragments(self: Any) -> int:
+    """The fragment room counted afresh (after FORWARD TSN's pruning, or a stream reset's removal)."""
+    held = sum(len(s.reassembly) for s in self._inbound_streams.values())
+    self._lah_fragment_room = MAX_FRAGMENTS - held
+    return self._lah_fragment_room
+
+
+def _admit(self: Any, tsn: int) -> bool:
+    """Whether a DATA chunk may be received (module docstring: the window). A duplicate is admitted:
+    ``_mark_received`` reports it. Raises :class:`ProtocolError` for a peer that ignores the window."""
+    last = self._last_received_tsn
+    if last is None:
+        return True
+    ahead = (tsn - last) % _MOD
+    if ahead == 0 or ahead >= 1 << 31 or tsn in self._sack_misordered:
+        return True
+    highest = self._lah_highest_tsn
+    top = 0 if highest is None else (highest - last) % _MOD
+    if top >= 1 << 31:  # stale: the cumulative ack passed it
+        top = 0
+    if ahead <= top:  # fills a gap below what we hold: always room for it (RFC 9260 section 6.2)
+        self._lah_drops_in_row = 0
+        return True
+    if (
+        ahead <= TSN_HORIZON
+        and self._advertised_rwnd > 0
+        and (self._lah_fragment_room > 0 or _count_fragments(self) > 0)
+    ):
+        self._lah_highest_tsn = tsn
+        self._lah_drops_in_row = 0
+        return True
+    self._lah_window_drops += 1
+    self._lah_drops_in_row += 1
+    if self._lah_drops_in_row >= ABUSE_LIMIT:
+        raise ProtocolError(
+            f"the peer ignores the receive window: {self._lah_drops_in_row} DATA chunks in a row past it"
+        )
+    if ahead <= TSN_HORIZON:
+        self._sack_needed = True  # its SACK tells an honest sender the window is shut
+    return False
 
 
 _stock_mark_received: Callable[[Any, int], bool] = _Transport._mark_received

@@ -48,6 +48,7 @@ class MalformedPacket(ValueError):
 
 
 _unpack_from = struct.unpack_from
+_crc32c: Any = sctp.crc32c  # type: ignore[attr-defined]  # aiortc's C crc32c, imported there
 _HEADER = sctp.SCTP_COMMON_HEADER_LENGTH
 _CHUNK_HEADER = sctp.SCTP_CHUNK_HEADER_LENGTH
 
@@ -108,7 +109,7 @@ def parse_packet(data: bytes) -> tuple[int, int, int, list[Any]]:
         raise MalformedPacket(f"SCTP packet of {length} bytes")
     source_port, destination_port, verification_tag = _unpack_from("!HHL", data)
     checksum = _unpack_from("<L", data, 8)[0]
-    if checksum != sctp.crc32c(data[0:8] + b"\x00\x00\x00\x00" + data[12:]):
+    if checksum != _crc32c(data[0:8] + b"\x00\x00\x00\x00" + data[12:]):
         raise ValueError("SCTP packet has invalid checksum")
     chunks: list[Any] = []
     types = sctp.CHUNK_TYPES
@@ -122,7 +123,7 @@ def parse_packet(data: bytes) -> tuple[int, int, int, list[Any]]:
         cls = types.get(kind)
         if cls is not None:
             _check_body(kind, body)
-            chunk = cls(flags=flags, body=body)  # params go through decode_params (installed beside)
+            chunk: Any = cls(flags=flags, body=body)  # params go through decode_params (installed beside)
             if kind == 130:
                 _check_reconfig(chunk.params)
             has_init = has_init or kind == 1

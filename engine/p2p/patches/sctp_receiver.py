@@ -319,9 +319,9 @@ async def _receive_data_chunk(self: Any, chunk: Any) -> None:
 
 def _count_fragments(self: Any) -> int:
     """The fragment room counted afresh (after FORWARD TSN's pruning, or a stream reset's removal)."""
-    held = sum(len(s.reassembly) for s in self._inbound_streams.values())
-    self._lah_fragment_room = MAX_FRAGMENTS - held
-    return self._lah_fragment_room
+    room = MAX_FRAGMENTS - sum(len(s.reassembly) for s in self._inbound_streams.values())
+    self._lah_fragment_room = room
+    return room
 
 
 def _admit(self: Any, tsn: int) -> bool:

@@ -109,19 +109,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )
-    from engine.p2p.patches import install as install_transport_patches
-
-    install_transport_patches()  # every command runs the patched transport (stock if they do not match)
-    if args.command == "self-test":
-        return selftest.run(args)
     if args.command == "update":
         from . import update as update_command
 
         return update_command.run(args)
-    if args.command == "app":
+    if args.command == "app":  # before the transport: the app process loads neither torch nor aiortc
         from app.main import main as app_main  # Qt is imported only by the app
 
         return app_main(coordinator=args.coordinator, demo=args.demo)
+    from engine.p2p.patches import install as install_transport_patches
+
+    install_transport_patches()  # every engine command runs the patched transport (stock if they differ)
+    if args.command == "self-test":
+        return selftest.run(args)
     from engine.p2p import eventloop  # every other command runs the engine's event loop
     from engine.p2p.patches import pin_host_addresses
 

@@ -14,6 +14,7 @@ Layers, bottom up (each imports only those below it; nothing here imports Qt, ap
     client.py        RemoteExpert: nn.Module + autograd.Function calling one hosted expert
     mixture.py       RemoteMixtureOfExperts: grid gating, k calls, k_min + grace, renormalised softmax;
                      ExpertFinder protocol (the DHT implements it later) + StaticExpertFinder
+    local.py         LocalMixtureOfExperts: the same gating with every expert in process (the baseline)
 
 The host side (registry → backend → server) runs on the node's event loop with compute on worker threads;
 the trainer side (loop_thread → client) lets synchronous autograd call into the Peer's loop.
@@ -51,6 +52,7 @@ from .errors import (
     SpecError,
     UnknownExpert,
 )
+from .local import LocalMixtureOfExperts
 from .loop_thread import LoopThread
 from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
 from .registry import ARCHITECTURES, Architecture, ExpertSpec, build, input_shape, register
@@ -75,6 +77,7 @@ __all__ = [
     "ExpertSpec",
     "ExpertUnavailable",
     "InputsEvicted",
+    "LocalMixtureOfExperts",
     "LoopThread",
     "MoEError",
     "NotEnoughExperts",

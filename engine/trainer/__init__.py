@@ -2,7 +2,7 @@
 
 ::
 
-    model.py             digits data (sklearn, bundled), DigitsDMoE, LocalMixtureOfExperts
+    model.py             digits data (sklearn, bundled), DigitsDMoE (LocalMixtureOfExperts from engine.moe)
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator

@@ -7,14 +7,12 @@
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from engine.moe.registry import ExpertSpec, build
+from engine.moe.local import LocalMixtureOfExperts
 
 __all__ = ["Digits", "DigitsDMoE", "LocalMixtureOfExperts", "load_digits_split"]
 
@@ -56,29 +54,4 @@ class DigitsDMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.head(self.moe(self.inp(x)))
-        return out
-
-
-class LocalMixtureOfExperts(nn.Module):
-    """The same grid gating and top-k softmax as the remote layer, every expert in process."""
-
-    def __init__(self, in_features: int, grid_size: Sequence[int], spec: ExpertSpec, k_best: int = 4) -> None:
-        super().__init__()
-        self.grid_size = tuple(grid_size)
-        self.k_best = k_best
-        self.gates = nn.ModuleList(nn.Linear(in_features, n) for n in self.grid_size)
-        self.cells = list(itertools.product(*(range(n) for n in self.grid_size)))
-        self.experts = nn.ModuleList(build(spec) for _ in self.cells)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        total = x.new_zeros((x.shape[0], *self.grid_size))
-        for d, gate in enumerate(self.gates):
-            shape = [x.shape[0]] + [n if i == d else 1 for i, n in enumerate(self.grid_size)]
-            total = total + gate(x).view(shape)
-        scores, index = total.flatten(1).topk(min(self.k_best, len(self.cells)), dim=1)
-        weights = torch.softmax(scores, dim=1)
-        out = torch.zeros_like(x)
-        for e in torch.unique(index).tolist():
-            rows, slots = (index == e).nonzero(as_tuple=True)
-            out = out.index_add(0, rows, weights[rows, slots].unsqueeze(-1) * self.experts[e](x[rows]))
         return out

@@ -1,0 +1,49 @@
+"""The language model: text in, a decoder-only transformer with mixture-of-experts blocks, a loop.
+
+Layers, bottom up (each imports only those below it, and engine.moe for its experts)::
+
+    errors.py      the exception tree (LmError: DataError, TokenizerMismatch, ConfigError, LossNotFinite)
+    tokenizer.py   characters, bytes, or BPE (``tokenizers``): plain data with a sha256 an experiment names
+    corpus.py      --data: a text file or folder, nanoGPT's train.bin/val.bin (memory-mapped), or the
+                   shipped corpus (data/tinyshakespeare.txt, provenance in data/README.md); the fixed
+                   90/10 split; random windows of context + 1 tokens
+    model.py       LmConfig and LanguageModel: a GPT whose mixture blocks route every token through any
+                   [tokens, dim] module (remote volunteers or LocalMixtureOfExperts), tied head, generate()
+    loop.py        the training loop: evaluation, metrics rows (CSV), a stop at the first non-finite loss
+
+A researcher's own model uses :class:`~engine.moe.RemoteMixtureOfExperts` the same way
+:class:`LanguageModel` does: as an ``nn.Module`` over ``[tokens, dim]``.
+"""
+
+from __future__ import annotations
+
+from .corpus import DEFAULT_CORPUS, TRAIN_FRACTION, Corpus, open_corpus, read_text
+from .errors import ConfigError, DataError, LmError, LossNotFinite, TokenizerMismatch
+from .loop import CsvLog, Metrics, TrainSettings, evaluate, train
+from .model import LanguageModel, LmConfig
+from .tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, check_same
+
+__all__ = [
+    "DEFAULT_CORPUS",
+    "TRAIN_FRACTION",
+    "BpeTokenizer",
+    "ByteTokenizer",
+    "CharTokenizer",
+    "ConfigError",
+    "Corpus",
+    "CsvLog",
+    "DataError",
+    "LanguageModel",
+    "LmConfig",
+    "LmError",
+    "LossNotFinite",
+    "Metrics",
+    "Tokenizer",
+    "TokenizerMismatch",
+    "TrainSettings",
+    "check_same",
+    "evaluate",
+    "open_corpus",
+    "read_text",
+    "train",
+]

@@ -29,6 +29,7 @@ from engine.p2p import Peer
 
 from .client import RemoteExpert, new_activation_id
 from .errors import ExpertCallFailed, NotEnoughExperts
+from .host_call import Answer, backward_many, forward_many
 from .loop_thread import LoopThread
 
 __all__ = ["CallObserver", "CallRecord", "ExpertFinder", "RemoteMixtureOfExperts", "StaticExpertFinder"]
@@ -183,11 +184,12 @@ class RemoteMixtureOfExperts(nn.Module):
     async def call_forward(
         self, plan: list[_Call], wire: list[torch.Tensor], aids: list[str], n_samples: int
     ) -> dict[int, torch.Tensor]:
-        """Results by plan index: wait for k_min answers per sample, then ``grace_s``, then drop the rest."""
+        """Results by plan index: wait for k_min answers per sample, then ``grace_s``, then drop the rest.
+        The calls to one host travel as one request (:mod:`.host_call`)."""
         loop = asyncio.get_running_loop()
         tasks = {
-            loop.create_task(self._observed(c, c.expert.call_forward(aid, w), False, w)): i
-            for i, (c, w, aid) in enumerate(zip(plan, wire, aids, strict=True))
+            loop.create_task(self._host_forward(plan, wire, aids, group)): group
+            for group in _by_host(plan).values()
         }
         counts = torch.zeros(n_samples, dtype=torch.long)
         results: dict[int, torch.Tensor] = {}
@@ -199,9 +201,12 @@ class RemoteMixtureOfExperts(nn.Module):
                     pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
                 for task in done:
-                    if task.exception() is None and task.result().shape == wire[tasks[task]].shape:
-                        results[tasks[task]] = task.result()
-                        counts[plan[tasks[task]].rows] += 1
+                    if task.exception() is not None:
+                        continue
+                    for i, y in task.result().items():
+                        if y.shape == wire[i].shape:
+                            results[i] = y
+                            counts[plan[i].rows] += 1
                 if bool((counts >= self.k_min).all()) and deadline > time.monotonic() + self.grace_s:
                     deadline = time.monotonic() + self.grace_s
         finally:
@@ -212,17 +217,131 @@ class RemoteMixtureOfExperts(nn.Module):
     async def call_backward(
         self, plan: list[_Call], aids: list[str], grads: list[torch.Tensor], wire: list[torch.Tensor]
     ) -> dict[int, torch.Tensor]:
-        """Input gradients by plan index; a failed or late expert is skipped."""
+        """Input gradients by plan index, one request per host; a failed or late expert is skipped."""
+        groups = list(_by_host(plan).values())
         coros = [
-            asyncio.wait_for(
-                self._observed(plan[i], plan[i].expert.call_backward(aids[i], g, wire[i]), True), self.timeout
-            )
-            for i, g in enumerate(grads)
+            asyncio.wait_for(self._host_backward(plan, aids, grads, wire, group), self.timeout)
+            for group in groups
         ]
-        answers = await asyncio.gather(*coros, return_exceptions=True)
-        return {
-            i: a for i, a in enumerate(answers) if isinstance(a, torch.Tensor) and a.shape == grads[i].shape
-        }
+        answers: dict[int, torch.Tensor] = {}
+        for got in await asyncio.gather(*coros, return_exceptions=True):
+            if isinstance(got, dict):
+                answers.update((i, a) for i, a in got.items() if a.shape == grads[i].shape)
+        return answers
+
+    async def _host_forward(
+        self, plan: list[_Call], wire: list[torch.Tensor], aids: list[str], group: list[int]
+    ) -> dict[int, torch.Tensor]:
+        if len(group) == 1:  # one expert: the plain call (any host version answers it)
+            i = group[0]
+            try:
+                return {
+                    i: await self._observed(
+                        plan[i], plan[i].expert.call_forward(aids[i], wire[i]), False, wire[i]
+                    )
+                }
+            except ExpertCallFailed:
+                return {}
+        first = plan[group[0]].expert
+        served_at, t0 = time.time(), time.monotonic()
+        answers: list[Answer] | None = None
+        try:
+            answers = await forward_many(
+                self.peer,
+                first.host_peer_id,
+                [plan[i].expert.uid for i in group],
+                [aids[i] for i in group],
+                [wire[i] for i in group],
+                wire=self.wire,
+                timeout=self.timeout,
+            )
+        finally:
+            self._observe_group(plan, group, answers, False, served_at, time.monotonic() - t0, wire)
+        return {i: a for i, a in zip(group, answers, strict=True) if isinstance(a, torch.Tensor)}
+
+    async def _host_backward(
+        self,
+        plan: list[_Call],
+        aids: list[str],
+        grads: list[torch.Tensor],
+        wire: list[torch.Tensor],
+        group: list[int],
+    ) -> dict[int, torch.Tensor]:
+        out: dict[int, torch.Tensor] = {}
+        retry = group
+        if len(group) > 1:
+            first = plan[group[0]].expert
+            served_at, t0 = time.time(), time.monotonic()
+            answers: list[Answer] | None = None
+            try:
+                answers = await backward_many(
+                    self.peer,
+                    first.host_peer_id,
+                    [plan[i].expert.uid for i in group],
+                    [aids[i] for i in group],
+                    [grads[i] for i in group],
+                    wire=self.wire,
+                    timeout=self.timeout,
+                )
+            finally:
+                evicted = {
+                    i
+                    for i, a in zip(group, answers or [], strict=False)
+                    if isinstance(a, ExpertCallFailed) and a.code == "inputs_evicted"
+                }
+                done = [i for i in group if i not in evicted]
+                self._observe_group(
+                    plan,
+                    done,
+                    None
+                    if answers is None
+                    else [a for i, a in zip(group, answers, strict=True) if i not in evicted],
+                    True,
+                    served_at,
+                    time.monotonic() - t0,
+                    None,
+                )
+            out = {i: a for i, a in zip(group, answers, strict=True) if isinstance(a, torch.Tensor)}
+            retry = sorted(evicted)
+        for i in retry:  # the plain call re-sends the inputs the host evicted
+            coro = plan[i].expert.call_backward(aids[i], grads[i], wire[i])
+            try:
+                out[i] = await self._observed(plan[i], coro, True)
+            except ExpertCallFailed:
+                continue
+        return out
+
+    def _observe_group(
+        self,
+        plan: list[_Call],
+        group: list[int],
+        answers: list[Answer] | None,
+        backward: bool,
+        served_at: float,
+        elapsed: float,
+        inputs: list[torch.Tensor] | None,
+    ) -> None:
+        """One record per expert of a host's request (``answers`` None: it was cancelled, late)."""
+        if self.observer is None:
+            return
+        for n, i in enumerate(group):
+            answer = None if answers is None else answers[n]
+            ok = isinstance(answer, torch.Tensor)
+            code = "" if ok else "late" if answer is None else (answer.code or "error")  # type: ignore[union-attr]
+            expert = plan[i].expert
+            record = CallRecord(
+                expert.uid,
+                expert.host_peer_id,
+                len(plan[i].rows),
+                backward,
+                ok,
+                code,
+                served_at,
+                elapsed,
+                None if inputs is None else inputs[i],
+                answer if ok else None,  # type: ignore[arg-type]
+            )
+            self._tell(record)
 
     async def _observed(
         self, call: _Call, coro: Any, backward: bool, inputs: torch.Tensor | None = None
@@ -242,22 +361,35 @@ class RemoteMixtureOfExperts(nn.Module):
             raise
         finally:
             expert = call.expert
-            record = CallRecord(
-                expert.uid,
-                expert.host_peer_id,
-                len(call.rows),
-                backward,
-                ok,
-                code,
-                served_at,
-                time.monotonic() - t0,
-                inputs,
-                out,
+            self._tell(
+                CallRecord(
+                    expert.uid,
+                    expert.host_peer_id,
+                    len(call.rows),
+                    backward,
+                    ok,
+                    code,
+                    served_at,
+                    time.monotonic() - t0,
+                    inputs,
+                    out,
+                )
             )
-            try:
-                self.observer(record)
-            except Exception:  # an observer's bug must not break training
-                logging.getLogger(__name__).exception("mixture observer failed")
+
+    def _tell(self, record: CallRecord) -> None:
+        assert self.observer is not None
+        try:
+            self.observer(record)
+        except Exception:  # an observer's bug must not break training
+            logging.getLogger(__name__).exception("mixture observer failed")
+
+
+def _by_host(plan: list[_Call]) -> dict[str, list[int]]:
+    """Plan indices grouped by host, in plan order."""
+    groups: dict[str, list[int]] = {}
+    for i, call in enumerate(plan):
+        groups.setdefault(call.expert.host_peer_id, []).append(i)
+    return groups
 
 
 class _MixtureCall(torch.autograd.Function):

@@ -2,13 +2,21 @@
 
 Methods (all unary; fields are message fields, tensors in order)::
 
-    moe.forward   {uid, aid}  [inputs]                    -> [outputs]
-    moe.backward  {uid, aid}  [grad_outputs] (+[inputs])  -> [grad_inputs]
-    moe.info      {uid}       []                          -> {arch, dim, hidden, heads, seq_len, input_shape}
+    moe.forward        {uid, aid}          [inputs]                    -> [outputs]
+    moe.backward       {uid, aid}          [grad_outputs] (+[inputs])  -> [grad_inputs]
+    moe.forward_many   {uids, aids, rows}  [inputs, concatenated]      -> {codes} [outputs of the ok]
+    moe.backward_many  {uids, aids, rows}  [grad_outputs, concatenated] -> {codes} [grad_inputs of the ok]
+    moe.info           {uid}               []     -> {arch, dim, hidden, heads, seq_len, input_shape}
 
 ``aid`` (activation id) is the trainer's name for one forward call; with the caller's peer id it keys
-the cached inputs, so trainers cannot collide with each other. Replies travel in float16 by default
-(half the bytes; trainers accept that precision anyway). Requests arrive in whatever the client chose.
+the cached inputs, so trainers cannot collide with each other. The ``_many`` methods carry one layer's
+calls to several experts of this host in one message (a language model's step touches most of a
+256-expert grid: a request per expert would be hundreds a step): ``rows[i]`` samples of the
+concatenated tensor go to ``uids[i]`` under the activation id ``aids[i]``; each expert still batches
+with other trainers' requests as a single call does, and fails alone (``codes[i]``: "" or its error
+code; the reply holds the outputs of the experts that answered, in order). Replies travel in float16
+by default (half the bytes; trainers accept that precision anyway). Requests arrive in whatever the
+client chose.
 Errors are ``RemoteError`` with the codes of :mod:`engine.moe.errors`.
 """
 
@@ -41,6 +49,7 @@ logger = logging.getLogger(__name__)
 
 #: ``<grid name>.<coordinate>...``, e.g. ``ffn.3.7``; also safe as a directory name on every OS.
 UID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}(\.[0-9]{1,6}){0,4}$")
+MAX_MANY = 1024  # experts in one moe.*_many call: a whole grid of one layer
 
 
 class ExpertServer:
@@ -103,6 +112,8 @@ class ExpertServer:
         handlers.add_unary("moe.forward", self._forward)
         handlers.add_unary("moe.backward", self._backward)
         handlers.add_unary("moe.info", self._info)
+        handlers.add_unary("moe.forward_many", self._forward_many)
+        handlers.add_unary("moe.backward_many", self._backward_many)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {uid: b.stats.as_dict() for uid, b in self.experts.items()}
@@ -212,6 +223,59 @@ class ExpertServer:
         with self._tracked():
             grads = await _as_remote(backend.backward(ctx.peer_id, _aid(msg), msg.tensors[0], inputs))
         return Message(Kind.RESPONSE, 0, tensors=[grads], compression=compression)
+
+    async def _forward_many(self, msg: Message, ctx: CallContext) -> Message:
+        return await self._many(msg, ctx, backward=False)
+
+    async def _backward_many(self, msg: Message, ctx: CallContext) -> Message:
+        return await self._many(msg, ctx, backward=True)
+
+    async def _many(self, msg: Message, ctx: CallContext, *, backward: bool) -> Message:
+        if self.closing:
+            raise RemoteError("unavailable", "host is shutting down")
+        compression = self._reply_compression(msg)
+        uids, aids, rows = (msg.fields.get(k) for k in ("uids", "aids", "rows"))
+        if not (isinstance(uids, list) and isinstance(aids, list) and isinstance(rows, list)):
+            raise RemoteError("bad_input", "uids, aids and rows must be lists of one length, at least one")
+        if not uids or not len(uids) == len(aids) == len(rows):
+            raise RemoteError("bad_input", "uids, aids and rows must be lists of one length, at least one")
+        if len(uids) > MAX_MANY:
+            raise RemoteError("bad_input", f"at most {MAX_MANY} experts in one call, not {len(uids)}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n > 0 for n in rows):
+            raise RemoteError("bad_input", "rows must be positive ints")
+        if len(msg.tensors) != 1 or msg.tensors[0].dim() < 1 or msg.tensors[0].shape[0] != sum(rows):
+            raise RemoteError("bad_input", "one tensor whose first dimension is the sum of rows")
+        parts = torch.split(msg.tensors[0], rows)
+
+        async def one(i: int, uid: object) -> torch.Tensor:
+            backend = self.experts.get(uid) if isinstance(uid, str) else None
+            if backend is None:
+                raise RemoteError(UnknownExpert.code, f"no expert {str(uid)[:64]!r} here")
+            item = aids[i]
+            if not isinstance(item, str):
+                raise RemoteError("bad_input", "aids must be strs")
+            if backward:
+                return await _as_remote(backend.backward(ctx.peer_id, item, parts[i]))
+            # a copy, so the activation cache holds (and counts) this expert's rows, not the message's
+            return await _as_remote(backend.forward(ctx.peer_id, item, parts[i].clone()))
+
+        with self._tracked():
+            answers = await asyncio.gather(*(one(i, u) for i, u in enumerate(uids)), return_exceptions=True)
+        codes: list[str] = []
+        ok: list[torch.Tensor] = []
+        for answer in answers:
+            if isinstance(answer, torch.Tensor):
+                codes.append("")
+                ok.append(answer)
+            elif isinstance(answer, RemoteError):
+                codes.append(answer.code)
+            elif isinstance(answer, Exception):
+                logger.exception("an expert of a batched call failed", exc_info=answer)
+                codes.append("internal")
+            else:
+                raise answer  # cancellation
+        tensors = [torch.cat(ok)] if ok else []
+        return Message(Kind.RESPONSE, 0, fields={"codes": codes}, tensors=tensors, compression=compression)
 
     async def _info(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)

@@ -68,7 +68,9 @@ def swarm() -> Iterator[tuple[LoopThread, CountingSwarm, dict[str, ExpertServer]
         yield lt, CountingSwarm(servers), servers
 
 
-def mixture(lt: LoopThread, swarm: CountingSwarm, hosts: dict[str, str] | None = None, **kw: Any) -> RemoteMixtureOfExperts:
+def mixture(
+    lt: LoopThread, swarm: CountingSwarm, hosts: dict[str, str] | None = None, **kw: Any
+) -> RemoteMixtureOfExperts:
     torch.manual_seed(0)
     return RemoteMixtureOfExperts(
         swarm,  # type: ignore[arg-type]
@@ -83,7 +85,9 @@ def mixture(lt: LoopThread, swarm: CountingSwarm, hosts: dict[str, str] | None =
 
 def reference(moe: RemoteMixtureOfExperts, servers: dict[str, ExpertServer], x: torch.Tensor) -> torch.Tensor:
     """The layer computed here with the hosts' weights (top-4 of the grid, as the static finder picks)."""
-    scores = torch.stack([moe.gates[0](x)[:, int(u.split(".")[1])] + moe.gates[1](x)[:, int(u.split(".")[2])] for u in UIDS], 1)
+    scores = torch.stack(
+        [moe.gates[0](x)[:, int(u.split(".")[1])] + moe.gates[1](x)[:, int(u.split(".")[2])] for u in UIDS], 1
+    )
     top, index = scores.topk(4, dim=1)
     modules = []
     for uid in UIDS:
@@ -91,7 +95,9 @@ def reference(moe: RemoteMixtureOfExperts, servers: dict[str, ExpertServer], x: 
         m.load_state_dict(servers[HOSTS[uid]].experts[uid].module.state_dict())
         modules.append(m)
     xh = x.half().float()
-    outs = torch.stack([torch.stack([modules[int(e)](xh[r : r + 1])[0] for e in index[r]]) for r in range(len(x))])
+    outs = torch.stack(
+        [torch.stack([modules[int(e)](xh[r : r + 1])[0] for e in index[r]]) for r in range(len(x))]
+    )
     return (torch.softmax(top, 1).unsqueeze(-1) * outs).sum(1)
 
 
@@ -175,7 +181,9 @@ async def _many(server: ExpertServer, fields: dict[str, Any], tensors: list[torc
         ({"uids": ["ffn.0.0"], "aids": ["a"], "rows": [3], "wire": "int4"}, [3], "unknown wire"),
     ],
 )
-async def test_the_server_refuses_malformed_batches(fields: dict[str, Any], rows: list[int], why: str) -> None:
+async def test_the_server_refuses_malformed_batches(
+    fields: dict[str, Any], rows: list[int], why: str
+) -> None:
     server = ExpertServer.create({"ffn.0.0": SPEC}, device="cpu")
     with pytest.raises(RemoteError, match=why):
         await _many(server, fields, [torch.randn(rows[0], 8)])
@@ -185,7 +193,9 @@ async def test_the_server_refuses_malformed_batches(fields: dict[str, Any], rows
 async def test_a_bad_aid_fails_its_expert_alone() -> None:
     server = ExpertServer.create({"ffn.0.0": SPEC, "ffn.0.1": SPEC}, device="cpu")
     reply = await _many(
-        server, {"uids": ["ffn.0.0", "ffn.0.1"], "aids": ["x" * 65, "ok"], "rows": [2, 3]}, [torch.randn(5, 8)]
+        server,
+        {"uids": ["ffn.0.0", "ffn.0.1"], "aids": ["x" * 65, "ok"], "rows": [2, 3]},
+        [torch.randn(5, 8)],
     )
     assert reply.fields["codes"] == ["bad_input", ""] and reply.tensors[0].shape == (3, 8)
     await server.close()

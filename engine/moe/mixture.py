@@ -242,21 +242,7 @@ class RemoteMixtureOfExperts(nn.Module):
                 }
             except ExpertCallFailed:
                 return {}
-        first = plan[group[0]].expert
-        served_at, t0 = time.time(), time.monotonic()
-        answers: list[Answer] | None = None
-        try:
-            answers = await forward_many(
-                self.peer,
-                first.host_peer_id,
-                [plan[i].expert.uid for i in group],
-                [aids[i] for i in group],
-                [wire[i] for i in group],
-                wire=self.wire,
-                timeout=self.timeout,
-            )
-        finally:
-            self._observe_group(plan, group, answers, False, served_at, time.monotonic() - t0, wire)
+        answers = await self._send_group(forward_many, plan, group, aids, wire, False, wire)
         return {i: a for i, a in zip(group, answers, strict=True) if isinstance(a, torch.Tensor)}
 
     async def _host_backward(
@@ -270,39 +256,9 @@ class RemoteMixtureOfExperts(nn.Module):
         out: dict[int, torch.Tensor] = {}
         retry = group
         if len(group) > 1:
-            first = plan[group[0]].expert
-            served_at, t0 = time.time(), time.monotonic()
-            answers: list[Answer] | None = None
-            try:
-                answers = await backward_many(
-                    self.peer,
-                    first.host_peer_id,
-                    [plan[i].expert.uid for i in group],
-                    [aids[i] for i in group],
-                    [grads[i] for i in group],
-                    wire=self.wire,
-                    timeout=self.timeout,
-                )
-            finally:
-                evicted = {
-                    i
-                    for i, a in zip(group, answers or [], strict=False)
-                    if isinstance(a, ExpertCallFailed) and a.code == "inputs_evicted"
-                }
-                done = [i for i in group if i not in evicted]
-                self._observe_group(
-                    plan,
-                    done,
-                    None
-                    if answers is None
-                    else [a for i, a in zip(group, answers, strict=True) if i not in evicted],
-                    True,
-                    served_at,
-                    time.monotonic() - t0,
-                    None,
-                )
+            answers = await self._send_group(backward_many, plan, group, aids, grads, True, None)
             out = {i: a for i, a in zip(group, answers, strict=True) if isinstance(a, torch.Tensor)}
-            retry = sorted(evicted)
+            retry = [i for i, a in zip(group, answers, strict=True) if _evicted(a)]
         for i in retry:  # the plain call re-sends the inputs the host evicted
             coro = plan[i].expert.call_backward(aids[i], grads[i], wire[i])
             try:
@@ -310,6 +266,44 @@ class RemoteMixtureOfExperts(nn.Module):
             except ExpertCallFailed:
                 continue
         return out
+
+    async def _send_group(
+        self,
+        many: Any,
+        plan: list[_Call],
+        group: list[int],
+        aids: list[str],
+        tensors: list[torch.Tensor],
+        backward: bool,
+        inputs: list[torch.Tensor] | None,
+    ) -> list[Answer]:
+        """One host's request for ``group`` (``forward_many`` or ``backward_many``), observed per expert;
+        an expert whose inputs were evicted is observed by the plain call that re-sends them."""
+        served_at, t0 = time.time(), time.monotonic()
+        answers: list[Answer] | None = None
+        try:
+            answers = await many(
+                self.peer,
+                plan[group[0]].expert.host_peer_id,
+                [plan[i].expert.uid for i in group],
+                [aids[i] for i in group],
+                [tensors[i] for i in group],
+                wire=self.wire,
+                timeout=self.timeout,
+            )
+            return answers
+        finally:
+            got: list[Answer | None] = list(answers) if answers is not None else [None] * len(group)
+            kept = [(i, a) for i, a in zip(group, got, strict=True) if not _evicted(a)]
+            self._observe_group(
+                plan,
+                [i for i, _ in kept],
+                None if answers is None else [a for _, a in kept if a is not None],
+                backward,
+                served_at,
+                time.monotonic() - t0,
+                inputs,
+            )
 
     def _observe_group(
         self,
@@ -382,6 +376,10 @@ class RemoteMixtureOfExperts(nn.Module):
             self.observer(record)
         except Exception:  # an observer's bug must not break training
             logging.getLogger(__name__).exception("mixture observer failed")
+
+
+def _evicted(answer: object) -> bool:
+    return isinstance(answer, ExpertCallFailed) and answer.code == "inputs_evicted"
 
 
 def _by_host(plan: list[_Call]) -> dict[str, list[int]]:

@@ -64,7 +64,7 @@ class LedgerDeps:
         cls, config: CoordinatorConfig, sessions: async_sessionmaker[AsyncSession], verifier: Verifier | None
     ) -> LedgerDeps:
         """The configured experiments' costs and grids, and the credit ceiling."""
-        grids = {e.name: tuple(e.grid) for e in config.experiments} if config.experiments else None
+        grids = {e.name: tuple(e.grid) for e in config.grids} if config.experiments else None
         return cls(sessions, expert_costs_of(config), verifier, grids, config.max_receipt_credit)
 
 
@@ -97,7 +97,7 @@ def expert_costs_of(config: CoordinatorConfig) -> Mapping[str, float] | None:
     """Configured experiments' costs; None when none are configured (every expert costs 1.0)."""
     if not config.experiments:
         return None
-    return {e.name: e.expert_cost for e in config.experiments}
+    return {e.name: e.expert_cost for e in config.grids}
 
 
 def _deps(request: web.Request) -> LedgerDeps:

@@ -76,13 +76,13 @@ async def assignment(request: web.Request) -> web.StreamResponse:
     now = time.time()
     pairs = await assign_host(
         services.sessions,
-        config.experiments,
+        config.grids,
         body.peer_id,
         Capacity(body.device, body.memory_bytes, body.upload_bytes_per_s),
         now=now,
         ttl_s=config.assignment_ttl_s,
     )
-    by_name = {e.name: e for e in config.experiments}
+    by_name = {e.name: e for e in config.grids}
     expires = now + config.assignment_ttl_s
     async with services.sessions() as session:
         host_key = bytes(

@@ -64,8 +64,10 @@ async def _trainer(request: web.Request) -> AccountView:
 def summary(experiment: ExperimentConfig) -> dict[str, Any]:
     return {
         "name": experiment.name,
+        "kind": experiment.kind,
         "expert_type": experiment.expert_type,
         "grid": list(experiment.grid),
+        "grids": [g.name for g in experiment.grids()],
         "target_batch_size": experiment.target_batch_size,
     }
 

@@ -86,12 +86,17 @@ async def assign_host(
     now: float,
     ttl_s: float,
 ) -> list[tuple[str, str]]:
-    """(experiment, uid) pairs ``host`` should serve until ``now + ttl_s``; renews what it had."""
+    """(experiment, uid) pairs ``host`` should serve until ``now + ttl_s``; renews what it had.
+
+    New experts are planned from an equal share of what memory is left per remaining grid (what one
+    grid leaves unused passes on to the next), so a host of a language model's several layers serves
+    each of them instead of filling the first."""
     result: list[tuple[str, str]] = []
     budget = capacity.memory_bytes
+    grids = list(experiments)
     async with sessions() as session, session.begin():
         await session.execute(delete(Assignment).where(Assignment.expires_at <= now))
-        for experiment in experiments:
+        for index, experiment in enumerate(grids):
             mine = (
                 await session.execute(
                     select(Assignment).where(
@@ -109,7 +114,8 @@ async def assign_host(
                 else:  # the node's budget shrank: give experts back
                     await session.delete(row)
             cover = await coverage(session, experiment.name, now)
-            fresh = plan(expert_uids(experiment), cover, host, budget // max(1, size), already=kept)
+            share = budget // (len(grids) - index)
+            fresh = plan(expert_uids(experiment), cover, host, share // max(1, size), already=kept)
             for uid in fresh:
                 session.add(
                     Assignment(

@@ -7,13 +7,17 @@ no code travels to volunteers, only names and numbers.
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+#: A language model's name: its grids are ``<name>_b<block>`` and uids ``<grid>.<i>.<j>``, so no dots.
+_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,47}")
 
 
 class DenseModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -29,10 +33,55 @@ class DenseModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     dataset: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "digits"
 
 
+class LanguageModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A decoder-only transformer (``engine.lm.LmConfig``) whose every ``moe_every``-th block's
+    feed-forward part is a grid of the volunteers' experts, and how its trainers train and tokenize.
+
+    ``tokenizer_digest`` is the sha256 of the tokenizer every trainer must use (``engine.lm``'s
+    ``Tokenizer.digest``); a trainer whose tokenizer differs is refused. Empty: the character
+    tokenizer of whatever corpus the trainer brings (fine for one researcher, not for a team)."""
+
+    vocab_size: Positive = 65
+    context: Positive = 64
+    layers: Positive = 4
+    heads: Positive = 4
+    dim: Positive = 128
+    moe_every: NonNegative = 2  # 1: every block's feed-forward part is a mixture; 2: every other one
+    k_best: Positive = 4
+    expert_hidden: NonNegative = 0  # 0: 4 * dim / k_best (the dense block's FLOPs per token)
+    batch_size: Positive = 12  # windows of `context` tokens per trainer step
+    lr: Annotated[float, msgspec.Meta(gt=0)] = 1e-3
+    tokenizer: Literal["char", "byte", "bpe"] = "char"
+    tokenizer_digest: Annotated[str, msgspec.Meta(pattern=r"^([0-9a-f]{64})?$")] = ""
+    corpus: Annotated[str, msgspec.Meta(min_length=1, max_length=64)] = "tinyshakespeare"
+
+    @property
+    def moe_blocks(self) -> list[int]:
+        """The blocks whose feed-forward part is a mixture (as ``LmConfig.moe_blocks``: the last of
+        every ``moe_every``)."""
+        if not self.moe_every:
+            return []
+        return [i for i in range(self.layers) if i % self.moe_every == self.moe_every - 1]
+
+    @property
+    def hidden(self) -> int:
+        return self.expert_hidden or max(1, 4 * self.dim // self.k_best)
+
+
+def layer_name(experiment: str, block: int) -> str:
+    """The grid of block ``block`` of a language-model experiment (``engine.lm.grid_name`` agrees)."""
+    return f"{experiment}_b{block}"
+
+
 class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One experiment. ``kind = "classifier"``: one grid of experts around a dense classifier
+    (``dense``). ``kind = "lm"``: a language model (``lm``) with one grid per mixture block, each
+    ``grid`` in shape and an experiment of its own to assignment, replication, checkpoints and credit
+    (:meth:`grids`); the dense part (attention, embeddings, gates, head) is the trainers'."""
+
     name: str
     expert_type: str  # a name in engine.moe.registry
-    grid: list[int]  # e.g. [4, 4]: uids "<name>.i.j"
+    grid: list[int]  # e.g. [4, 4]: uids "<name>.i.j" (a language model: "<name>_b<block>.i.j")
     hyperparams: dict[str, float | int | str] = {}
     replication: int = 2  # every expert hosted by at least this many hosts
     expert_cost: float = 1.0  # credit per sample served (forward; backward counts double)
@@ -40,6 +89,47 @@ class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # collaboration has processed this many samples; 0: each trainer trains alone.
     target_batch_size: Annotated[int, msgspec.Meta(ge=0)] = 0
     dense: DenseModel = DenseModel()
+    kind: Literal["classifier", "lm"] = "classifier"
+    lm: LanguageModel | None = None
+    part_of: str = ""  # a language model's grid: the experiment it is a layer of
+
+    def __post_init__(self) -> None:
+        if self.kind != "lm":
+            return
+        if self.lm is None:
+            raise msgspec.ValidationError(f"experiment {self.name!r} is of kind lm: give it an [lm] table")
+        if not _NAME.fullmatch(self.name):
+            raise msgspec.ValidationError(
+                "a language model's name is a letter, then up to 47 letters, digits, _ or -: "
+                f"not {self.name!r}"
+            )
+        if self.expert_type != "ffn":
+            raise msgspec.ValidationError(f"a language model's experts are ffn, not {self.expert_type!r}")
+        if self.lm.dim % self.lm.heads:
+            raise msgspec.ValidationError(
+                f"lm.dim {self.lm.dim} is not divisible by lm.heads {self.lm.heads}"
+            )
+        if not self.lm.moe_blocks:
+            raise msgspec.ValidationError(f"experiment {self.name!r} has no mixture blocks (lm.moe_every)")
+
+    def grids(self) -> list[ExperimentConfig]:
+        """The grids of experts this experiment asks volunteers to host: itself, or a language
+        model's one per mixture block (experts' width and hidden size from ``lm``)."""
+        if self.kind != "lm" or self.lm is None:
+            return [self]
+        hyperparams: dict[str, float | int | str] = {"d_model": self.lm.dim, "hidden": self.lm.hidden}
+        return [
+            ExperimentConfig(
+                name=layer_name(self.name, block),
+                expert_type="ffn",
+                grid=list(self.grid),
+                hyperparams=hyperparams,
+                replication=self.replication,
+                expert_cost=self.expert_cost,
+                part_of=self.name,
+            )
+            for block in self.lm.moe_blocks
+        ]
 
 
 class TurnSection(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,6 +162,17 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid
     exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
     experiments: list[ExperimentConfig] = []
+
+    def __post_init__(self) -> None:
+        names = [g.name for e in self.experiments for g in e.grids()]
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise msgspec.ValidationError(f"two experiments or layers are called {', '.join(clash)}")
+
+    @property
+    def grids(self) -> list[ExperimentConfig]:
+        """Every grid of experts volunteers host: a classifier's own, a language model's layers."""
+        return [g for e in self.experiments for g in e.grids()]
 
 
 class ConfigError(ValueError):

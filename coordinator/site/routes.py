@@ -338,7 +338,7 @@ async def _load_swarm(request: web.Request, top: int = 20) -> queries.Swarm:
         online = await online
     config = ctx.get_config(request.app)
     async with ctx.get_sessions(request.app)() as session:
-        return await queries.swarm(session, config.experiments, len(online or ()), ctx.clock(), top)
+        return await queries.swarm(session, config.grids, len(online or ()), ctx.clock(), top)
 
 
 async def index(request: web.Request) -> web.Response:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from .corpus import DEFAULT_CORPUS, TRAIN_FRACTION, Corpus, open_corpus, read_text
 from .errors import ConfigError, DataError, LmError, LossNotFinite, TokenizerMismatch
 from .loop import CsvLog, Metrics, TrainSettings, evaluate, train
-from .model import LanguageModel, LmConfig
+from .model import LanguageModel, LmConfig, grid_name
 from .tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, check_same
 
 __all__ = [
@@ -43,6 +43,7 @@ __all__ = [
     "TrainSettings",
     "check_same",
     "evaluate",
+    "grid_name",
     "open_corpus",
     "read_text",
     "train",

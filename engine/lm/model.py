@@ -28,10 +28,16 @@ from engine.moe.registry import ExpertSpec, FeedForwardExpert
 
 from .errors import ConfigError
 
-__all__ = ["LanguageModel", "LmConfig"]
+__all__ = ["LanguageModel", "LmConfig", "grid_name"]
 
 #: Builds the feed-forward part of block ``i`` (one of ``moe_blocks``): ``[tokens, dim] -> [tokens, dim]``.
 MixtureFactory = Callable[[int], nn.Module]
+
+
+def grid_name(experiment: str, block: int) -> str:
+    """The grid of experts of block ``block`` of language-model experiment ``experiment``: its uids are
+    ``<grid>.<i>.<j>`` (the coordinator's ``layer_name`` agrees)."""
+    return f"{experiment}_b{block}"
 
 
 @dataclass(frozen=True)
@@ -71,10 +77,6 @@ class LmConfig:
     @property
     def expert_spec(self) -> ExpertSpec:
         return ExpertSpec("ffn", self.dim, hidden=self.expert_hidden or max(1, 4 * self.dim // self.k_best))
-
-    def grid_prefix(self, block: int) -> str:
-        """The uid prefix of block ``block``'s grid of experts (``block1.3.7``)."""
-        return f"block{block}"
 
     def dense_twin(self) -> LmConfig:
         """The same model with a dense feed-forward part everywhere: the FLOPs-matched baseline."""

@@ -76,8 +76,22 @@ async def test_a_trainer_lists_the_experiments_and_reads_one_config(api: Api) ->
     status, body = await api.call("GET", "/api/experiments", token=token)
     assert status == 200
     assert body["experiments"] == [
-        {"name": "ffn", "expert_type": "ffn", "grid": [2, 2], "target_batch_size": 256},
-        {"name": "big", "expert_type": "ffn", "grid": [8, 8], "target_batch_size": 0},
+        {
+            "name": "ffn",
+            "kind": "classifier",
+            "expert_type": "ffn",
+            "grid": [2, 2],
+            "grids": ["ffn"],
+            "target_batch_size": 256,
+        },
+        {
+            "name": "big",
+            "kind": "classifier",
+            "expert_type": "ffn",
+            "grid": [8, 8],
+            "grids": ["big"],
+            "target_batch_size": 0,
+        },
     ]
     status, body = await api.call("GET", "/api/experiments/ffn", token=token)
     assert status == 200

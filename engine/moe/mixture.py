@@ -10,7 +10,11 @@ Fault tolerance by design: each chosen expert gets one batched request; the laye
 sample has ``k_min`` answers, then at most ``grace_s`` more, and drops whoever has not answered. The
 softmax over the gate scores is taken over the experts that answered, per sample, so a dead or slow
 host only removes a term. Backward does the same: an expert whose backward fails contributes no input
-gradient. Fewer than ``k_min`` answers for any sample is :class:`NotEnoughExperts`.
+gradient. Fewer than ``k_min`` answers for any sample is :class:`NotEnoughExperts`, unless the layer
+was built with ``pass_short=True``: then such a sample's output is its input. That is what a language
+model wants of residual experts (``x + FFN(x)``): an expert that did not answer is a zero update, so a
+token the swarm could not serve keeps its residual stream, and one token in a batch of thousands does
+not cost the whole step (:attr:`RemoteMixtureOfExperts.short_rows` counts them).
 """
 
 from __future__ import annotations
@@ -119,16 +123,19 @@ class RemoteMixtureOfExperts(nn.Module):
         timeout: float = 30.0,
         observer: CallObserver | None = None,
         wire: str = "float16",
+        pass_short: bool = False,
     ) -> None:
         """``observer``: told of every expert request (see :class:`CallRecord`); ``finder`` may also
         offer ``find_batch(prefix, batch_scores, k)``, used instead of one ``find`` per sample; ``wire``:
-        how expert calls travel (:data:`~engine.moe.client.WIRE_FORMATS`)."""
+        how expert calls travel (:data:`~engine.moe.client.WIRE_FORMATS`); ``pass_short``: a sample
+        with fewer than ``k_min`` answers passes its input through instead of failing the batch."""
         super().__init__()
         self.observer = observer
         self.peer, self.finder, self.loop = peer, finder, loop
         self.grid_size, self.uid_prefix = tuple(grid_size), uid_prefix
         self.k_best, self.k_min, self.grace_s, self.timeout = k_best, k_min, grace_s, timeout
-        self.wire = wire
+        self.wire, self.pass_short = wire, pass_short
+        self.short_rows = 0  # samples passed through for want of k_min answers (pass_short)
         self.gates = nn.ModuleList(nn.Linear(in_features, n) for n in self.grid_size)
         self._experts: dict[tuple[str, str], RemoteExpert] = {}
 
@@ -156,12 +163,18 @@ class RemoteMixtureOfExperts(nn.Module):
             for (uid, host), (r, s) in calls.items()
         ]
         outputs, answered = _MixtureCall.apply(self, x, plan, k)  # type: ignore[no-untyped-call]
-        if bool((answered.sum(1) < self.k_min).any()):
-            raise NotEnoughExperts(f"fewer than k_min={self.k_min} experts answered for some samples")
+        short = answered.sum(1) < self.k_min
+        if bool(short.any()):
+            if not self.pass_short:
+                raise NotEnoughExperts(f"fewer than k_min={self.k_min} experts answered for some samples")
+            self.short_rows += int(short.sum())
+            answered = answered & ~short.unsqueeze(1)
         # Softmax over the experts that answered; a row with none (only when k_min is 0) gets zeros.
         masked = logits.masked_fill(~answered, float("-inf")).masked_fill(~answered.any(1, keepdim=True), 0.0)
         weights = torch.softmax(masked, dim=1) * answered
         out: torch.Tensor = (weights.unsqueeze(-1) * outputs).sum(1)
+        if self.pass_short:
+            out = torch.where(short.unsqueeze(1), x, out)
         return out
 
     def _expert(self, uid: str, host: str) -> RemoteExpert:

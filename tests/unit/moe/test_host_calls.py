@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 import torch
 
-from engine.moe import ExpertServer, ExpertSpec, LoopThread, RemoteMixtureOfExperts, StaticExpertFinder, build
+from engine.moe import (
+    ExpertServer,
+    ExpertSpec,
+    LoopThread,
+    NotEnoughExperts,
+    RemoteMixtureOfExperts,
+    StaticExpertFinder,
+    build,
+)
 from engine.moe.mixture import CallRecord
 from engine.p2p import CallContext, Handlers, RemoteError
 from engine.wire import Compression, Kind, Message
@@ -199,3 +207,25 @@ async def test_a_bad_aid_fails_its_expert_alone() -> None:
     )
     assert reply.fields["codes"] == ["bad_input", ""] and reply.tensors[0].shape == (3, 8)
     await server.close()
+
+
+def test_a_sample_no_expert_answered_passes_through_when_asked(
+    swarm: tuple[LoopThread, CountingSwarm, dict[str, ExpertServer]],
+) -> None:
+    """Residual experts (a language model's): an unanswered token keeps its input, and only it."""
+    lt, counting, servers = swarm
+    only_host0 = {u: "host0" for u in UIDS}  # host0 claims every expert but holds five
+    x = torch.randn(32, 8, requires_grad=True)
+    with pytest.raises(NotEnoughExperts):
+        mixture(lt, counting, hosts=only_host0, k_best=1)(x)
+    moe = mixture(lt, counting, hosts=only_host0, k_best=1, pass_short=True)
+    y = moe(x)
+    held = set(servers["host0"].experts)
+    scores = moe.gates[0](x)[:, :, None] + moe.gates[1](x)[:, None, :]
+    best = scores.flatten(1).argmax(1).tolist()
+    unserved = torch.tensor([UIDS[b] not in held for b in best])
+    assert 0 < moe.short_rows == int(unserved.sum()) < len(x)
+    assert torch.equal(y[unserved], x[unserved])
+    assert not torch.allclose(y[~unserved], x[~unserved])
+    y.sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()

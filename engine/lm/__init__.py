@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from .corpus import DEFAULT_CORPUS, TRAIN_FRACTION, Corpus, open_corpus, read_text
 from .errors import ConfigError, DataError, LmError, LossNotFinite, TokenizerMismatch
-from .loop import CsvLog, Metrics, TrainSettings, evaluate, train
+from .loop import CallCounters, CsvLog, Metrics, TrainSettings, evaluate, train
 from .model import LanguageModel, LmConfig, grid_name
 from .tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, check_same
 
@@ -28,6 +28,7 @@ __all__ = [
     "TRAIN_FRACTION",
     "BpeTokenizer",
     "ByteTokenizer",
+    "CallCounters",
     "CharTokenizer",
     "ConfigError",
     "Corpus",

@@ -4,16 +4,20 @@ often an evaluation and a log line, and a stop at the first loss that is not fin
 The loop owns no swarm: the model's mixture layers are local or remote, and the optimizer is whatever
 the caller passes (a plain AdamW here; the collaborative optimizer where a target batch size is set).
 Each logged step is a :class:`Metrics` row; :class:`CsvLog` appends them to a CSV file as they come, so a
-run that dies leaves every row it logged.
+run that dies leaves every row it logged. Through a swarm, ``skippable`` names the errors that cost a
+step rather than the run (a layer whose every host timed out): such a step is counted and its batch
+dropped, as DMoE drops what it cannot get; ``counters`` adds the swarm's figures (expert calls answered,
+failed and late, bytes each way) to every row.
 """
 
 from __future__ import annotations
 
 import csv
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
@@ -22,7 +26,7 @@ from .corpus import Corpus
 from .errors import LossNotFinite
 from .model import LanguageModel
 
-__all__ = ["CsvLog", "Metrics", "TrainSettings", "evaluate", "train"]
+__all__ = ["CallCounters", "CsvLog", "Metrics", "TrainSettings", "evaluate", "train"]
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,17 @@ class TrainSettings:
 
 
 @dataclass(frozen=True)
+class CallCounters:
+    """A swarm's running totals, as a trainer sees them (all zero for a model without remote layers)."""
+
+    calls_ok: int = 0
+    calls_failed: int = 0
+    calls_late: int = 0
+    bytes_sent: int = 0
+    bytes_received: int = 0
+
+
+@dataclass(frozen=True)
 class Metrics:
     step: int
     train_tokens: int
@@ -46,6 +61,16 @@ class Metrics:
     perplexity: float | None
     tokens_per_s: float
     elapsed_s: float
+    skipped_steps: int = 0
+    calls: CallCounters = field(default_factory=CallCounters)
+
+    def flat(self) -> dict[str, float | int | None]:
+        """One CSV or TensorBoard row: the call counters as columns of their own."""
+        row = {k: v for k, v in asdict(self).items() if k != "calls"}
+        return row | asdict(self.calls)
+
+
+COLUMNS = [f.name for f in fields(Metrics) if f.name != "calls"] + [f.name for f in fields(CallCounters)]
 
 
 class CsvLog:
@@ -55,12 +80,12 @@ class CsvLog:
         self.path = path
         new = not path.exists() or path.stat().st_size == 0
         self._file = path.open("a", newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, [f.name for f in fields(Metrics)])
+        self._writer = csv.DictWriter(self._file, COLUMNS)
         if new:
             self._writer.writeheader()
 
     def __call__(self, row: Metrics) -> None:
-        self._writer.writerow(asdict(row))
+        self._writer.writerow(row.flat())
         self._file.flush()
 
     def close(self) -> None:
@@ -68,20 +93,32 @@ class CsvLog:
 
 
 @torch.no_grad()
-def evaluate(model: LanguageModel, corpus: Corpus, batches: int, batch: int, seed: int = 0) -> float:
+def evaluate(
+    model: LanguageModel,
+    corpus: Corpus,
+    batches: int,
+    batch: int,
+    seed: int = 0,
+    skippable: tuple[type[BaseException], ...] = (),
+) -> float:
     """Mean validation cross-entropy (nats) over ``batches`` fixed-seed batches: the same windows every
-    call, so evaluations of one run (and of runs that compare models) see the same text."""
+    call, so evaluations of one run (and of runs that compare models) see the same text. A batch that
+    fails with a ``skippable`` error is left out (NaN when every one was)."""
     was_training = model.training
     model.eval()
     gen = torch.Generator().manual_seed(seed)
-    total = 0.0
+    total, counted = 0.0, 0
     for _ in range(batches):
         x, y = corpus.batch("val", batch, model.config.context, gen)
-        _, loss = model(x, y)
+        try:
+            _, loss = model(x, y)
+        except skippable:
+            continue
         assert loss is not None
         total += float(loss)
+        counted += 1
     model.train(was_training)
-    return total / batches
+    return total / counted if counted else float("nan")
 
 
 def train(
@@ -90,30 +127,61 @@ def train(
     settings: TrainSettings,
     optimizer: torch.optim.Optimizer | None = None,
     log: Callable[[Metrics], None] | None = None,
+    *,
+    skippable: tuple[type[BaseException], ...] = (),
+    counters: Callable[[], CallCounters] | None = None,
+    start_step: int = 0,
+    stop: threading.Event | None = None,
+    apply: Callable[[int], None] | None = None,
 ) -> Iterator[Metrics]:
-    """Train for ``settings.steps``, yielding a row per evaluation (and the last step). Raises
-    :class:`LossNotFinite` at the first NaN or inf loss, before that step touches any weight."""
+    """Train from ``start_step`` (a resumed run's) to ``settings.steps``, yielding a row per evaluation
+    (and the last step, and the step at which ``stop`` was set). Raises :class:`LossNotFinite` at the
+    first NaN or inf loss, before that step touches any weight. The batches of step ``n`` are the same
+    whether or not the run was resumed. ``apply(windows)`` takes the step's gradients instead of
+    ``optimizer.step()`` (a collaborative optimizer, which steps once the team has enough windows)."""
     context = model.config.context
     corpus.check_fits(context, settings.batch)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
-    gen = torch.Generator().manual_seed(settings.seed)
     started = time.monotonic()
+    skipped = 0
     model.train()
-    for step in range(1, settings.steps + 1):
+    for step in range(start_step + 1, settings.steps + 1):
+        gen = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
         x, y = corpus.batch("train", settings.batch, context, gen)
-        _, loss = model(x, y)
-        assert loss is not None
-        value = float(loss.detach())
-        if not math.isfinite(value):
-            raise LossNotFinite(step, value)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        if step % settings.eval_every == 0 or step == settings.steps:
-            val = evaluate(model, corpus, settings.eval_batches, settings.batch)
+        try:
+            _, loss = model(x, y)
+            assert loss is not None
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                raise LossNotFinite(step, value)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if apply is None:
+                opt.step()
+            else:
+                apply(settings.batch)
+        except skippable:
+            skipped += 1
+            value = float("nan")
+        stopping = stop is not None and stop.is_set()
+        if step % settings.eval_every == 0 or step == settings.steps or stopping:
+            val = evaluate(model, corpus, settings.eval_batches, settings.batch, skippable=skippable)
             elapsed = time.monotonic() - started
             tokens = step * settings.batch * context
-            row = Metrics(step, tokens, value, val, math.exp(val), tokens / elapsed, elapsed)
+            rate = (step - start_step) * settings.batch * context / elapsed
+            row = Metrics(
+                step,
+                tokens,
+                value,
+                val,
+                math.exp(val) if math.isfinite(val) else None,
+                rate,
+                elapsed,
+                skipped,
+                counters() if counters is not None else CallCounters(),
+            )
             if log is not None:
                 log(row)
             yield row
+        if stopping:
+            return

@@ -137,7 +137,11 @@ class LanguageModel(nn.Module):
         self.norm = nn.LayerNorm(config.dim)
         self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
         self.head.weight = self.tokens.weight  # tied
-        self.apply(_init)
+        # nanoGPT's initialisation for the dense part; experts keep the registry's, which is what a
+        # volunteer's host builds, so a local mixture starts where a remote one does.
+        for name, module in self.named_modules():
+            if ".experts." not in f".{name}.":
+                _init(module)
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -138,6 +139,7 @@ class RemoteMixtureOfExperts(nn.Module):
         self.short_rows = 0  # samples passed through for want of k_min answers (pass_short)
         self.gates = nn.ModuleList(nn.Linear(in_features, n) for n in self.grid_size)
         self._experts: dict[tuple[str, str], RemoteExpert] = {}
+        self._coords: dict[str, tuple[int, ...] | None] = {}  # uid -> grid coordinates, parsed once
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim_scores = [gate(x) for gate in self.gates]
@@ -145,15 +147,20 @@ class RemoteMixtureOfExperts(nn.Module):
         k = max(1, max((len(c) for c in chosen), default=0))
         coords = torch.full((x.shape[0], k, len(self.grid_size)), -1, dtype=torch.long)
         calls: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
+        placed: tuple[list[int], list[int], list[tuple[int, ...]]] = ([], [], [])
         for row, found in enumerate(chosen):
             for slot, (uid, host) in enumerate(found):
-                where = grid_coords(uid, self.uid_prefix, self.grid_size)
+                where = self._coords_of(uid)
                 if where is None:
                     continue  # a finder that returns foreign uids: ignore them rather than trust them
-                coords[row, slot] = torch.tensor(where)
+                placed[0].append(row)
+                placed[1].append(slot)
+                placed[2].append(where)
                 rows, slots = calls.setdefault((uid, host), ([], []))
                 rows.append(row)
                 slots.append(slot)
+        if placed[0]:  # one scatter for the batch: a language model's batch is thousands of tokens
+            coords[torch.tensor(placed[0]), torch.tensor(placed[1])] = torch.tensor(placed[2])
         coords = coords.to(x.device)
         logits = torch.zeros(x.shape[0], k, dtype=x.dtype, device=x.device)
         for i, scores in enumerate(dim_scores):
@@ -176,6 +183,13 @@ class RemoteMixtureOfExperts(nn.Module):
         if self.pass_short:
             out = torch.where(short.unsqueeze(1), x, out)
         return out
+
+    def _coords_of(self, uid: str) -> tuple[int, ...] | None:
+        if uid not in self._coords:
+            if len(self._coords) > 4 * math.prod(self.grid_size):  # a finder naming ever new uids
+                self._coords.clear()
+            self._coords[uid] = grid_coords(uid, self.uid_prefix, self.grid_size)
+        return self._coords[uid]
 
     def _expert(self, uid: str, host: str) -> RemoteExpert:
         key = (uid, host)

@@ -54,9 +54,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("resume", help="resume the running node")
     snooze = sub.add_parser("snooze", help="pause the running node for MINUTES")
     snooze.add_argument("minutes", type=float)
-    dmoe = sub.add_parser("demo", help="a whole swarm on loopback trains a DMoE model on handwritten digits")
+    dmoe = sub.add_parser(
+        "demo", help="a whole swarm on loopback trains a DMoE model (digits; --experiment lm: text)"
+    )
+    dmoe.add_argument(
+        "--experiment",
+        choices=["digits", "lm"],
+        default="digits",
+        help="digits: a classifier, in one process; lm: a language model on text, volunteers in processes",
+    )
     dmoe.add_argument("--volunteers", type=int, default=4, help="volunteer nodes hosting experts")
-    dmoe.add_argument("--steps", type=int, default=150, help="training steps of 64 samples")
+    dmoe.add_argument(
+        "--steps", type=int, help="training steps (digits: 150 of 64 samples; lm: 300 of 12 x 64 tokens)"
+    )
+    dmoe.add_argument("--data", type=Path, help="lm: a text file or folder (default: shipped Shakespeare)")
+    dmoe.add_argument("--csv", type=Path, help="lm: append each evaluation's metrics to this CSV file")
     dmoe.add_argument(
         "--trainers",
         type=int,
@@ -98,7 +110,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     train.add_argument(
         "--wait-peers", type=int, default=1, help="wait (up to 2 min) until this many trainers are in"
     )
-    train.add_argument("--data", type=Path, help=".npz with arrays x and y (another data set)")
+    train.add_argument("--data", type=Path, help=".npz with arrays x and y; lm: a text file or folder")
+    train.add_argument(
+        "--tokenizer", type=Path, help="lm: the experiment's tokenizer file (default: characters)"
+    )
+    train.add_argument("--resume", action="store_true", help="lm: continue from the newest checkpoint")
     from . import selftest  # light: each part imports what it tests
 
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
@@ -129,6 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .demo_transport import demo_transport
 
         eventloop.run(demo_transport(args.mib))
+    elif args.command == "demo" and args.experiment == "lm":
+        from .lm_demo import demo_main
+
+        return demo_main(args)
     elif args.command == "demo":
         from engine.trainer import TrainerConfig
 
@@ -139,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = TrainerConfig(wire=args.wire, target_batch_size=args.target_batch_size)
         run_demo(
             volunteers=args.volunteers,
-            steps=args.steps,
+            steps=args.steps or 150,
             linger=args.linger,
             app=args.app,
             config=config,

@@ -8,6 +8,8 @@
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator
     trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side);
                          with target_batch_size, the dense part steps with other trainers (engine.collab)
+    lm.py                the language model (engine.lm) with one remote mixture per block, and its local twin
+                         (imported as engine.trainer.lm: the digits trainer does not load engine.lm)
 
 The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
 (its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``).

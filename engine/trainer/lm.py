@@ -1,0 +1,82 @@
+"""The language model through the swarm: :class:`~engine.lm.LanguageModel` with remote mixture blocks.
+
+Each mixture block of a language-model experiment is a grid of its own (``<experiment>_b<block>``,
+:func:`engine.lm.grid_name`), hosted, credited and spot-checked like any other: the layer here is a
+:class:`~engine.moe.RemoteMixtureOfExperts` on the trainer's Peer and finder, routing every token of a
+batch as one sample, with the node's observer (receipts, spot checks, host health) on every call. A
+token whose experts all failed keeps its residual stream (``pass_short``): a batch of thousands of
+tokens is not lost to one of them. :func:`local_lm` is the same model with every expert in process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from engine.lm import LanguageModel, LmConfig, grid_name
+from engine.moe import LoopThread, RemoteMixtureOfExperts
+from engine.moe.local import LocalMixtureOfExperts
+from engine.moe.mixture import CallRecord, ExpertFinder
+
+from .trainer import TrainerConfig
+
+__all__ = ["local_lm", "mixtures", "remote_lm", "remote_mixture"]
+
+
+def remote_mixture(
+    peer: Any,
+    finder: ExpertFinder,
+    loop: LoopThread,
+    config: TrainerConfig,
+    grid: str,
+    observer: Callable[[CallRecord], None] | None = None,
+    *,
+    pass_short: bool = True,
+) -> RemoteMixtureOfExperts:
+    """A mixture layer over grid ``grid`` of ``config``'s shape (``peer``: a Peer, or what stands in
+    for one, as benchmarks' fault injection does)."""
+    return RemoteMixtureOfExperts(
+        peer,
+        finder,
+        loop=loop,
+        in_features=config.dim,
+        grid_size=config.grid,
+        uid_prefix=grid,
+        k_best=config.k_best,
+        k_min=config.k_min,
+        grace_s=config.grace_s,
+        timeout=config.timeout,
+        observer=observer,
+        wire=config.wire,
+        pass_short=pass_short,
+    )
+
+
+def remote_lm(
+    peer: Any,
+    finder: ExpertFinder,
+    loop: LoopThread,
+    lm: LmConfig,
+    experiment: str,
+    config: TrainerConfig,
+    observer: Callable[[CallRecord], None] | None = None,
+    seed: int = 0,
+) -> LanguageModel:
+    """The experiment's language model, its mixture blocks on the volunteers' grids."""
+    torch.manual_seed(seed)
+    return LanguageModel(
+        lm, lambda block: remote_mixture(peer, finder, loop, config, grid_name(experiment, block), observer)
+    )
+
+
+def local_lm(lm: LmConfig, seed: int = 0) -> LanguageModel:
+    """The same model with :class:`LocalMixtureOfExperts` in process: the swarm's baseline."""
+    torch.manual_seed(seed)
+    return LanguageModel(lm, lambda _: LocalMixtureOfExperts(lm.dim, lm.grid, lm.expert_spec, lm.k_best))
+
+
+def mixtures(model: LanguageModel) -> list[RemoteMixtureOfExperts]:
+    """The model's remote layers (to read their ``short_rows``)."""
+    return [m for m in model.modules() if isinstance(m, RemoteMixtureOfExperts)]

@@ -72,10 +72,18 @@ class Experiment:
     dataset: str
 
 
-def config_of(experiment: dict[str, Any]) -> Experiment:
-    """The TrainerConfig (and the dense model's ends) for an experiment's JSON config."""
+def config_of(experiment: dict[str, Any]) -> Any:
+    """The TrainerConfig (and the dense model's ends) for an experiment's JSON config; a language
+    model's: :class:`lah.train_lm.LmExperiment`."""
     from engine.trainer import TrainerConfig
 
+    if experiment.get("kind") == "lm":
+        from .train_lm import LmTrainError, lm_of
+
+        try:
+            return lm_of(experiment)
+        except LmTrainError as e:
+            raise TrainError(str(e)) from e
     try:
         hp = experiment.get("hyperparams", {})
         dense = experiment.get("dense", {})
@@ -194,10 +202,30 @@ def run_train(
     token_file: Path | None = None,
     wait_peers: int = 1,
     say: Callable[[str], None] = print,
+    tokenizer: Path | None = None,
+    resume: bool = False,
 ) -> int:
-    """Train until ``steps``/``samples`` or Ctrl+C (see the module's docstring); the exit status."""
+    """Train until ``steps``/``samples`` or Ctrl+C (see the module's docstring); the exit status.
+    ``tokenizer`` and ``resume``: a language model's (:mod:`lah.train_lm`)."""
+    from .train_lm import LmTrainError
+
+    lm_options = {"tokenizer": tokenizer, "resume": resume}
     try:
-        return _run(coordinator, experiment_name, steps, samples, data, data_dir, token_file, wait_peers, say)
+        return _run(
+            coordinator,
+            experiment_name,
+            steps,
+            samples,
+            data,
+            data_dir,
+            token_file,
+            wait_peers,
+            say,
+            lm_options,
+        )
+    except LmTrainError as e:
+        say(f"lah train: {e}")
+        return 2
     except TrainError as e:
         say(f"lah train: {e}")
         return 2
@@ -225,6 +253,7 @@ def _run(
     token_file: Path | None,
     wait_peers: int,
     say: Callable[[str], None],
+    lm_options: dict[str, Any],
 ) -> int:
     import torch
 
@@ -257,7 +286,17 @@ def _run(
         credentials, account, spec = loop.run(_prepare(CoordinatorApi(url), store, stored, name), 60)
         experiment = config_of(spec)
         cfg = experiment.trainer
-        dataset = load_data(experiment, data)
+        lm = not isinstance(experiment, Experiment)
+        if lm:
+            from .train_lm import open_lm_data
+
+            dataset = open_lm_data(experiment, data, lm_options["tokenizer"])
+            if samples is not None:
+                raise TrainError("a language model trains for --steps (or until Ctrl+C), not --samples")
+        else:
+            if lm_options["tokenizer"] is not None or lm_options["resume"]:
+                raise TrainError("--tokenizer and --resume are for experiments of kind lm")
+            dataset = load_data(experiment, data)
         identity = Identity.load_or_create(data_dir / "identity.key")
 
         def keep(refreshed: Credentials) -> None:  # the old token is revoked: store the new one first
@@ -274,9 +313,22 @@ def _run(
         )
         loop.run(node.start(), 60)
         assert node.peer is not None and node.finder is not None
-        uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
+        grids = experiment.grids if lm else [cfg.uid_prefix]
+        uids = [f"{g}.{i}.{j}" for g in grids for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
         seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
         say(f"{account} ({identity.peer_id[:12]}…) joined {name}: {seen} experts found through the DHT")
+        if lm:
+            from .train_lm import train_language_model
+
+            with _Interrupts(say) as interrupts:
+                status = train_language_model(
+                    node, loop, experiment, dataset, steps=steps, stop=interrupts.stop,
+                    folder=data_dir / f"lm-{name}", resume=lm_options["resume"], say=say,
+                )  # fmt: skip
+                loop.run(node.receipts.flush(), 30)
+            r = node.receipts.stats
+            say(f"receipts {r.submitted} submitted, {r.accepted} credited, {r.rejected} rejected")
+            return status
         model = remote_model(
             node.peer,
             node.finder,
@@ -442,4 +494,6 @@ def train_main(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         token_file=args.token_file,
         wait_peers=args.wait_peers,
         say=lambda line: print(line, flush=True),
+        tokenizer=args.tokenizer,
+        resume=args.resume,
     )

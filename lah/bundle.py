@@ -58,9 +58,7 @@ def _files(root: Path) -> list[Path]:
 
 def write_manifest(root: Path, data_dir: str = DATA_DIR) -> Path:
     """Hash every regular file under ``root`` (the folder with the executable) into the manifest."""
-    entries = {
-        p.relative_to(root).as_posix(): [p.stat().st_size, _digest(p)] for p in _files(root)
-    }
+    entries = {p.relative_to(root).as_posix(): [p.stat().st_size, _digest(p)] for p in _files(root)}
     target = root / data_dir / MANIFEST_NAME
     target.write_text(json.dumps({"version": 1, "files": entries}, indent=0, sort_keys=True))
     return target

@@ -27,8 +27,8 @@ import torch
 
 from engine.lm import CallCounters, Corpus, CsvLog, LmConfig, Metrics, TrainSettings, grid_name, train
 from engine.moe import ExpertCallFailed, NotEnoughExperts
-from engine.trainer import TrainerConfig, TrainerNode
-from engine.trainer.lm import mixtures, remote_lm
+from engine.trainer import TrainerNode
+from engine.trainer.lm import layer_config, mixtures, remote_lm
 
 from .demo import wait_for_experts
 from .local_swarm import LocalSwarm
@@ -86,15 +86,6 @@ def lm_experiment(lm: LmConfig, settings: TrainSettings, *, name: str = EXPERIME
     )
 
 
-def trainer_config(lm: LmConfig, **overrides: Any) -> TrainerConfig:
-    """The trainer side of the layers: the grid's shape, the gating's top-k, finite timeouts."""
-    options: dict[str, Any] = {"timeout": 10.0, "grace_s": 0.3, "k_min": 1}
-    return TrainerConfig(
-        uid_prefix=EXPERIMENT, grid=lm.grid, dim=lm.dim, hidden=lm.expert_spec.hidden or 0,
-        k_best=lm.k_best, **(options | overrides),
-    )  # fmt: skip
-
-
 def call_counters(node: TrainerNode) -> CallCounters:
     """The trainer's expert calls by outcome and the bytes its open links carried."""
     req = node.stats.requests
@@ -139,7 +130,7 @@ def run_lm(
     torch.set_num_threads(1)  # tiny matrices, and the volunteers' processes want the cores too
     digest = corpus.tokenizer.digest if corpus.tokenizer is not None else ""
     experiment = lm_experiment(lm, settings, digest=digest)
-    cfg = trainer_config(lm, **(trainer_options or {}))
+    cfg = layer_config(lm, EXPERIMENT, **(trainer_options or {}))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="lah-lm-") as scratch:
         where = folder or Path(scratch)

@@ -38,7 +38,14 @@ from lah.resources import bundle_dir, frozen
 from lah.selftest_parts import PARTS_AFTER_BUNDLE, PartFailed, TorchInfo, describe_error, describe_torch
 
 __all__ = [
-    "PARTS", "PartResult", "TorchInfo", "add_arguments", "check_bundle", "describe_torch", "main", "run",
+    "PARTS",
+    "PartResult",
+    "TorchInfo",
+    "add_arguments",
+    "check_bundle",
+    "describe_torch",
+    "main",
+    "run",
     "run_parts",
 ]
 

@@ -49,7 +49,7 @@ class LmExperiment:
 def lm_of(experiment: dict[str, Any]) -> LmExperiment:
     """The model, the layers' trainer config and the loop's settings of an ``lm`` experiment's JSON."""
     from engine.lm import LmConfig, LmError, TrainSettings, grid_name
-    from engine.trainer import TrainerConfig
+    from engine.trainer.lm import layer_config
 
     try:
         spec = experiment["lm"]
@@ -65,13 +65,9 @@ def lm_of(experiment: dict[str, Any]) -> LmExperiment:
             k_best=int(spec["k_best"]),
             expert_hidden=int(spec.get("expert_hidden", 0)),
         )
-        trainer = TrainerConfig(
-            uid_prefix=name,
-            grid=lm.grid,
-            dim=lm.dim,
-            hidden=lm.expert_spec.hidden or 0,
-            k_best=lm.k_best,
-            timeout=10.0,
+        trainer = layer_config(
+            lm,
+            name,
             batch_size=int(spec["batch_size"]),
             lr=float(spec["lr"]),
             target_batch_size=int(experiment.get("target_batch_size", 0)),
@@ -155,9 +151,7 @@ def train_language_model(
         def apply(windows: int) -> None:
             loop.run(collab.step(windows), cfg.collab_timeout_s)
 
-        say(
-            f"training the dense part with the experiment's other trainers: target {cfg.target_batch_size}"
-        )
+        say(f"training the dense part with the experiment's other trainers: target {cfg.target_batch_size}")
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         say("this experiment has no target batch size: training alone")
@@ -221,9 +215,7 @@ def train_language_model(
         if board is not None:
             board.close()
     if last is not None:
-        say(
-            f"done at step {last.step}: validation loss {last.val_loss:.3f}; metrics in {folder}"
-        )
+        say(f"done at step {last.step}: validation loss {last.val_loss:.3f}; metrics in {folder}")
         say("a sample: " + sample_text(model, corpus, 120).replace("\n", " / "))
     return 0
 

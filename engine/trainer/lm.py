@@ -20,38 +20,19 @@ from engine.moe import LoopThread, RemoteMixtureOfExperts
 from engine.moe.local import LocalMixtureOfExperts
 from engine.moe.mixture import CallRecord, ExpertFinder
 
-from .trainer import TrainerConfig
+from .trainer import TrainerConfig, remote_mixture
 
-__all__ = ["local_lm", "mixtures", "remote_lm", "remote_mixture"]
+__all__ = ["layer_config", "local_lm", "mixtures", "remote_lm"]
 
 
-def remote_mixture(
-    peer: Any,
-    finder: ExpertFinder,
-    loop: LoopThread,
-    config: TrainerConfig,
-    grid: str,
-    observer: Callable[[CallRecord], None] | None = None,
-    *,
-    pass_short: bool = True,
-) -> RemoteMixtureOfExperts:
-    """A mixture layer over grid ``grid`` of ``config``'s shape (``peer``: a Peer, or what stands in
-    for one, as benchmarks' fault injection does)."""
-    return RemoteMixtureOfExperts(
-        peer,
-        finder,
-        loop=loop,
-        in_features=config.dim,
-        grid_size=config.grid,
-        uid_prefix=grid,
-        k_best=config.k_best,
-        k_min=config.k_min,
-        grace_s=config.grace_s,
-        timeout=config.timeout,
-        observer=observer,
-        wire=config.wire,
-        pass_short=pass_short,
-    )
+def layer_config(lm: LmConfig, experiment: str, **overrides: Any) -> TrainerConfig:
+    """The trainer side of ``lm``'s mixture layers: the grids' shape, the gating's top-k, and finite
+    timeouts long enough for a layer of hundreds of tokens (``overrides``: any other field)."""
+    options: dict[str, Any] = {"timeout": 10.0, "grace_s": 0.3, "k_min": 1} | overrides
+    return TrainerConfig(
+        uid_prefix=experiment, grid=lm.grid, dim=lm.dim, hidden=lm.expert_spec.hidden or 0,
+        k_best=lm.k_best, **options,
+    )  # fmt: skip
 
 
 def remote_lm(

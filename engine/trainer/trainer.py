@@ -56,6 +56,7 @@ __all__ = [
     "TrainerNode",
     "dense_digest",
     "local_model",
+    "remote_mixture",
     "remote_model",
 ]
 
@@ -126,21 +127,37 @@ def remote_model(
     n_classes: int = 10,
 ) -> DigitsDMoE:
     torch.manual_seed(config.seed)
-    moe = RemoteMixtureOfExperts(
+    moe = remote_mixture(peer, finder, loop, config, config.uid_prefix, observer, pass_short=False)
+    return DigitsDMoE(moe, config.dim, in_features, n_classes)
+
+
+def remote_mixture(
+    peer: Any,
+    finder: ExpertFinder,
+    loop: LoopThread,
+    config: TrainerConfig,
+    grid: str,
+    observer: Callable[[CallRecord], None] | None = None,
+    *,
+    pass_short: bool = True,
+) -> RemoteMixtureOfExperts:
+    """A mixture layer over grid ``grid`` of ``config``'s shape (``peer``: a Peer, or what stands in
+    for one, as benchmarks' fault injection does); ``pass_short``: see RemoteMixtureOfExperts."""
+    return RemoteMixtureOfExperts(
         peer,
         finder,
         loop=loop,
         in_features=config.dim,
         grid_size=config.grid,
-        uid_prefix=config.uid_prefix,
+        uid_prefix=grid,
         k_best=config.k_best,
         k_min=config.k_min,
         grace_s=config.grace_s,
         timeout=config.timeout,
         observer=observer,
         wire=config.wire,
+        pass_short=pass_short,
     )
-    return DigitsDMoE(moe, config.dim, in_features, n_classes)
 
 
 def local_model(config: TrainerConfig) -> DigitsDMoE:
@@ -375,7 +392,11 @@ class TrainerNode:
         collab = CollaborativeOptimizer(model, optimizer, self.peer, self.dht, collab_config)
         await collab.join()
         self.status = CollabStatusReporter(
-            self.api, self.token, collab, cfg.uid_prefix, self.identity.peer_id,
+            self.api,
+            self.token,
+            collab,
+            cfg.uid_prefix,
+            self.identity.peer_id,
             interval_s=cfg.status_interval_s,
         )
         self.status.start()

@@ -366,6 +366,8 @@ def _run(
         raise TrainError(_explain(e, url, name)) from e
     finally:
         if node is not None:
+            if (refused := node.refused_line()) is not None:
+                say(refused)
             try:
                 loop.run(node.stop(), 30)
             except Exception:

@@ -29,9 +29,12 @@ prefix share one get. Only the very first lookup of a prefix waits, for at most 
 first contact with a DHT node over WebRTC includes signaling and a DTLS handshake, which is slow. A failed
 or timed-out lookup is cached as empty for ``negative_ttl_s`` so a dead region does not stall every step.
 
-With the coordinator's public key (``coordinator_key``) the finder prefers hosts whose declarations carry
-the coordinator's assignment proof (``engine.dht.keys``): anyone may declare any expert, but only
-assigned hosts are used where there are some.
+With the coordinator's public key (``coordinator_key``) the finder uses only hosts whose declarations
+carry the coordinator's unexpired assignment proof (``engine.dht.keys``): anyone may declare any expert,
+and a host the coordinator never assigned is refused even when no assigned host answers, since it would be
+used exactly when the honest hosts are slow or away. Refusals are counted per host
+(:attr:`DHTLookup.refused`) and logged once per host, so a researcher sees why a declared peer was never
+called. Without the key (a swarm with no coordinator) every declaring host is used.
 
 Hosts that failed a call recently (:meth:`DHTExpertFinder.report_failure`) are avoided for
 ``penalty_s`` when an expert has another live host, so trainers route around a dead host before its
@@ -48,39 +51,58 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
+import torch
+
 from engine.dht import DHTError, DHTNode
 from engine.dht.experts import declarations
 
-__all__ = ["Children", "DHTExpertFinder", "dht_lookup"]
+from .beam import Children, beam_search, distinct_coords, uid_of
+
+__all__ = ["Children", "DHTExpertFinder", "DHTLookup", "dht_lookup"]
 
 logger = logging.getLogger(__name__)
 
-#: ``child coordinate -> (uid, hosts)`` under one prefix.
-Children = dict[int, tuple[str, tuple[str, ...]]]
 Lookup = Callable[[str], Awaitable[Children]]
 
 
-def dht_lookup(node: DHTNode, coordinator_key: bytes | None = None) -> Lookup:
-    """One get of ``prefix`` on ``node``: its live children with their hosts (latest declared first).
+class DHTLookup:
+    """One get of a prefix on a DHT node: its live children with their hosts (latest declared first).
 
-    With ``coordinator_key``, a child that has hosts with a valid assignment proof lists only those:
-    a peer that declares an expert it was not assigned is used only where nobody assigned serves it.
+    With ``coordinator_key``, hosts without a valid assignment proof are refused, and a child that only
+    they declare is not alive; :attr:`refused` counts refusals per host.
     """
 
-    async def lookup(prefix: str) -> Children:
-        result = await node.get(prefix)
-        out: dict[int, tuple[str, list[str], list[str]]] = {}
-        for d in declarations(result, coordinator_key, node.clock()):
-            if not d.record.subkey.isdigit():
+    def __init__(self, node: DHTNode, coordinator_key: bytes | None = None) -> None:
+        self.node, self.coordinator_key = node, coordinator_key
+        self.refused: dict[str, int] = {}
+
+    async def __call__(self, prefix: str) -> Children:
+        result = await self.node.get(prefix)
+        out: dict[int, tuple[str, list[str]]] = {}
+        for d in declarations(result, self.coordinator_key, self.node.clock()):
+            if not d.record.subkey.isdigit() or str(int(d.record.subkey)) != d.record.subkey:
+                continue  # "07" would name a second uid for cell 7
+            if self.coordinator_key is not None and not d.assigned:
+                self._refuse(d.host, prefix + d.record.subkey)
                 continue
-            _, hosts, assigned = out.setdefault(int(d.record.subkey), (prefix + d.record.subkey, [], []))
+            _, hosts = out.setdefault(int(d.record.subkey), (prefix + d.record.subkey, []))
             if d.host not in hosts:
                 hosts.append(d.host)
-            if d.assigned and d.host not in assigned:
-                assigned.append(d.host)
-        return {c: (uid, tuple(assigned or hosts)) for c, (uid, hosts, assigned) in out.items()}
+        return {c: (uid, tuple(hosts)) for c, (uid, hosts) in out.items()}
 
-    return lookup
+    def _refuse(self, host: str, uid: str) -> None:
+        if host not in self.refused:
+            logger.warning(
+                "not using host %s for %s: it declares experts without the coordinator's assignment",
+                host[:16],
+                uid,
+            )
+        self.refused[host] = self.refused.get(host, 0) + 1
+
+
+def dht_lookup(node: DHTNode, coordinator_key: bytes | None = None) -> DHTLookup:
+    """The finder's lookup on ``node`` (see :class:`DHTLookup`)."""
+    return DHTLookup(node, coordinator_key)
 
 
 @dataclass
@@ -106,6 +128,7 @@ class DHTExpertFinder:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
     ) -> None:
+        self._lookup: Lookup
         if isinstance(node_or_lookup, DHTNode):
             self._lookup = dht_lookup(node_or_lookup, coordinator_key)
         else:
@@ -122,6 +145,11 @@ class DHTExpertFinder:
         self._penalty: dict[str, float] = {}  # host -> avoid until
         self._tasks: set[asyncio.Task[None]] = set()
 
+    @property
+    def refused_hosts(self) -> dict[str, int]:
+        """Hosts refused for want of an assignment, with how many declarations of theirs were seen."""
+        return dict(self._lookup.refused) if isinstance(self._lookup, DHTLookup) else {}
+
     # -- the ExpertFinder protocol -----------------------------------------------------------------
 
     async def find(self, prefix: str, dim_scores: Sequence[Sequence[float]], k: int) -> list[tuple[str, str]]:
@@ -130,33 +158,35 @@ class DHTExpertFinder:
     async def find_batch(
         self, prefix: str, batch_scores: Sequence[Sequence[Sequence[float]]], k: int
     ) -> list[list[tuple[str, str]]]:
-        """Per sample ``[dims][dim_size]`` scores -> up to ``k`` ``(uid, host)``, best first.
-
-        One lookup per distinct prefix per dimension for the whole batch (from the cache when fresh).
-        """
+        """Per sample ``[dims][dim_size]`` scores -> up to ``k`` ``(uid, host)``, best first."""
         if not batch_scores or k <= 0:
             return [[] for _ in batch_scores]
         dims = len(batch_scores[0])
-        beam_size = max(k, self.beam_size or k)
-        beams: list[list[tuple[float, str]]] = [[(0.0, prefix + ".")] for _ in batch_scores]
-        for d in range(dims):
-            wanted = sorted({p for beam in beams for _, p in beam})
-            found = dict(zip(wanted, await asyncio.gather(*(self.children(p) for p in wanted)), strict=True))
-            last = d == dims - 1
-            new_beams: list[list[tuple[float, str]]] = []
-            for scores, beam in zip(batch_scores, beams, strict=True):
-                row = scores[d]
-                cands = [
-                    (score + row[c], uid if last else uid + ".")
-                    for score, p in beam
-                    for c, (uid, _) in found[p].items()
-                    if 0 <= c < len(row)
-                ]
-                cands.sort(key=lambda t: -t[0])
-                new_beams.append(cands[: k if last else beam_size])
-            beams = new_beams
-        # The last level's lookups named the hosts of each uid: pick one per uid.
-        return [[(uid, self._pick(uid)) for _, uid in beam if self.hosts_of(uid)] for beam in beams]
+        scores = [
+            torch.tensor([sample[d] for sample in batch_scores], dtype=torch.float32) for d in range(dims)
+        ]
+        coords, named = await self.find_coords(prefix, scores, k)
+        return [[named[tuple(c)] for c in row if c[0] >= 0] for row in coords.tolist()]
+
+    async def find_coords(
+        self, prefix: str, scores: Sequence[torch.Tensor], k: int
+    ) -> tuple[torch.Tensor, dict[tuple[int, ...], tuple[str, str]]]:
+        """The batch form the mixture uses: ``scores[d]`` is ``[batch, size_d]``; returns ``[batch, k',
+        dims]`` coordinates best first (``-1``: none) and the ``(uid, host)`` of each chosen one.
+
+        One lookup per distinct prefix per dimension for the whole batch (from the cache when fresh).
+        """
+        coords = await beam_search(
+            prefix, scores, k, self.beam_size or k, self.children, lambda aws: asyncio.gather(*aws)
+        )
+        named = {}
+        for where in distinct_coords(coords):
+            uid = uid_of(prefix, where)
+            if host := self._pick(uid):
+                named[where] = (uid, host)
+            else:  # its declarations lapsed between levels: not a choice
+                coords = coords.masked_fill((coords == torch.tensor(where)).all(2, keepdim=True), -1)
+        return coords, named
 
     # -- hosts ----------------------------------------------------------------------------------------
 

@@ -402,6 +402,17 @@ class TrainerNode:
         self.status.start()
         return collab
 
+    def refused_line(self) -> str | None:
+        """Why some declared hosts were never called (they hold no assignment), for the run's summary."""
+        refused = self.finder.refused_hosts if self.finder is not None else {}
+        if not refused:
+            return None
+        names = ", ".join(sorted(h[:12] for h in refused)[:5]) + (" ..." if len(refused) > 5 else "")
+        return (
+            f"{len(refused)} hosts declared experts without the coordinator's assignment and were not used: "
+            f"{names}"
+        )
+
     def observe(self, record: CallRecord) -> None:
         """The mixture's observer (on the loop): receipts, host health, spot checks, counters."""
         self.stats.requests["ok" if record.ok else record.code] += 1

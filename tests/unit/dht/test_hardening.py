@@ -21,7 +21,7 @@ from engine.dht.keys import encode_declaration
 from engine.dht.protocol import STORE
 from engine.dht.records import Record, decode_record, encode_record
 from engine.dht.storage import RecordStore, fair_order
-from engine.moe.dht_finder import dht_lookup
+from engine.moe.dht_finder import DHTExpertFinder, dht_lookup
 from engine.p2p import Identity
 from engine.wire.statements import assignment_signed_bytes
 from tests.unit.dht.conftest import Clock, swarm
@@ -172,10 +172,25 @@ async def test_readers_prefer_hosts_the_coordinator_assigned(clock: Clock) -> No
     assert blind.assigned == ()
     info = (await get_experts(trainer, ["ffn.1.1"], coordinator_key=coordinator.public_key))[0]
     assert info is not None and info.assigned == (honest.peer_id,) and info.hosts[0] == honest.peer_id
-    # The trainer's finder uses only assigned hosts where there are some, all hosts elsewhere.
-    children = await dht_lookup(trainer, coordinator.public_key)("ffn.1.")
-    assert children[1] == ("ffn.1.1", (honest.peer_id,))
-    assert children[0] == ("ffn.1.0", (thief.peer_id,))  # nobody assigned serves it: the thief is all
+    # The trainer's finder uses only assigned hosts: an expert nobody assigned serves is not alive,
+    # even though someone declares it (it would be called exactly when the honest hosts are away).
+    lookup = dht_lookup(trainer, coordinator.public_key)
+    children = await lookup("ffn.1.")
+    assert children == {1: ("ffn.1.1", (honest.peer_id,))}
+    assert set(lookup.refused) == {squatter.peer_id, thief.peer_id}
+    # The prefix level refuses them too: they do not make "ffn.1." look served by them.
+    top = await lookup("ffn.")
+    assert top[1] == ("ffn.1", (honest.peer_id,))
+    # Without the coordinator's key (a swarm with no coordinator) every declaring host is used.
+    blind_children = await dht_lookup(trainer)("ffn.1.")
+    assert set(blind_children[1][1]) == {honest.peer_id, squatter.peer_id, thief.peer_id}
+    assert blind_children[0] == ("ffn.1.0", (thief.peer_id,))
+    # The finder a trainer uses never picks them, and says which hosts it refused.
+    finder = DHTExpertFinder(trainer, coordinator_key=coordinator.public_key)
+    found = await finder.find("ffn", [[0.0, 0.0], [9.0, 0.0]], k=2)  # ffn.1.0 would score best
+    assert found == [("ffn.1.1", honest.peer_id)]
+    assert set(finder.refused_hosts) == {squatter.peer_id, thief.peer_id}
+    await finder.close()
     # A proof signed by another key, or expired, proves nothing.
     impostor = Identity.generate()
     info = (await get_experts(trainer, ["ffn.1.1"], coordinator_key=impostor.public_key))[0]

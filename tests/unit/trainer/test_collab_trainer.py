@@ -93,3 +93,19 @@ def test_a_stopped_collaborative_trainer_returns_before_its_first_batch() -> Non
         assert stats.steps == 0 and stats.epoch == 0
     finally:
         loop.close()
+
+
+def test_a_trainer_says_which_declared_hosts_it_refused() -> None:
+    class Finder:
+        refused_hosts = {"a" * 40: 3, "b" * 40: 1}
+
+    loop = LoopThread("test-loop")
+    try:
+        node = TrainerNode("http://127.0.0.1:9", "t", loop=loop, config=TrainerConfig())
+        assert node.refused_line() is None  # not started: nothing refused
+        node.finder = Finder()  # type: ignore[assignment]
+        line = node.refused_line()
+        assert line is not None and "2 hosts" in line and "without the coordinator's assignment" in line
+        assert "aaaaaaaaaaaa" in line and "bbbbbbbbbbbb" in line
+    finally:
+        loop.close()

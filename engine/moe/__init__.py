@@ -1,6 +1,7 @@
 """Decentralized mixture-of-experts: hosting experts and calling them over the p2p transport.
 
-Layers, bottom up (each imports only those below it; nothing here imports Qt, app/ or coordinator/)::
+Layers, bottom up (each imports only those below it, and dht_finder also engine.dht; nothing here
+imports Qt, app/ or coordinator/)::
 
     errors.py        the exception tree below
     registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
@@ -12,8 +13,12 @@ Layers, bottom up (each imports only those below it; nothing here imports Qt, ap
     server.py        ExpertServer: moe.forward / moe.backward / moe.info handlers, stats, checkpoints
     loop_thread.py   LoopThread: an asyncio loop on a thread, for synchronous torch code
     client.py        RemoteExpert: nn.Module + autograd.Function calling one hosted expert
+    host_call.py     forward_many / backward_many: one batch's requests to many hosts, answers as they come
+    beam.py          beam_search over the grid for a whole batch as tensor ops; plan_calls groups choices
+    dht_finder.py    DHTExpertFinder: beam search over DHT prefix lookups (engine.dht), TTL cache,
+                     assigned hosts only where the coordinator's key is known
     mixture.py       RemoteMixtureOfExperts: grid gating, k calls, k_min + grace, renormalised softmax;
-                     ExpertFinder protocol (the DHT implements it later) + StaticExpertFinder
+                     ExpertFinder protocol + StaticExpertFinder
     local.py         LocalMixtureOfExperts: the same gating with every expert in process (the baseline)
 
 The host side (registry → backend → server) runs on the node's event loop with compute on worker threads;

@@ -2,9 +2,9 @@
 
 The Learning@home layer. Experts have grid coordinates (uid ``<prefix>.<i>.<j>``); the gate scores each
 grid dimension separately and an expert's score is the sum of its coordinates' scores, so a lookup
-service can beam-search the grid (dimension by dimension) instead of scoring every expert. Which experts
-are alive, and who hosts them, is the :class:`ExpertFinder`'s business (the DHT, later; a static table in
-tests).
+service can beam-search the grid (dimension by dimension) instead of scoring every expert. Which
+experts are alive, and who hosts them, is the :class:`ExpertFinder`'s business (``DHTExpertFinder`` in
+a swarm; a static table in tests).
 
 Fault tolerance by design: each chosen expert gets one batched request; the layer waits until every
 sample has ``k_min`` answers, then at most ``grace_s`` more, and drops whoever has not answered. The
@@ -32,6 +32,7 @@ from torch import nn
 
 from engine.p2p import Peer
 
+from .beam import plan_calls
 from .client import RemoteExpert, new_activation_id
 from .errors import ExpertCallFailed, NotEnoughExperts
 from .host_call import Answer, backward_many, forward_many
@@ -127,7 +128,8 @@ class RemoteMixtureOfExperts(nn.Module):
         pass_short: bool = False,
     ) -> None:
         """``observer``: told of every expert request (see :class:`CallRecord`); ``finder`` may also
-        offer ``find_batch(prefix, batch_scores, k)``, used instead of one ``find`` per sample; ``wire``:
+        offer ``find_coords(prefix, scores, k)`` (as ``DHTExpertFinder``), used instead of one ``find``
+        per sample; ``wire``:
         how expert calls travel (:data:`~engine.moe.client.WIRE_FORMATS`); ``pass_short``: a sample
         with fewer than ``k_min`` answers passes its input through instead of failing the batch."""
         super().__init__()
@@ -143,33 +145,19 @@ class RemoteMixtureOfExperts(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dim_scores = [gate(x) for gate in self.gates]
-        chosen = self.loop.run(self._find_all([s.detach().tolist() for s in dim_scores]), self.timeout)
-        k = max(1, max((len(c) for c in chosen), default=0))
-        coords = torch.full((x.shape[0], k, len(self.grid_size)), -1, dtype=torch.long)
-        calls: dict[tuple[str, str], tuple[list[int], list[int]]] = {}
-        placed: tuple[list[int], list[int], list[tuple[int, ...]]] = ([], [], [])
-        for row, found in enumerate(chosen):
-            for slot, (uid, host) in enumerate(found):
-                where = self._coords_of(uid)
-                if where is None:
-                    continue  # a finder that returns foreign uids: ignore them rather than trust them
-                placed[0].append(row)
-                placed[1].append(slot)
-                placed[2].append(where)
-                rows, slots = calls.setdefault((uid, host), ([], []))
-                rows.append(row)
-                slots.append(slot)
-        if placed[0]:  # one scatter for the batch: a language model's batch is thousands of tokens
-            coords[torch.tensor(placed[0]), torch.tensor(placed[1])] = torch.tensor(placed[2])
+        coords, named = self.loop.run(self._choose([s.detach().cpu() for s in dim_scores]), self.timeout)
+        k = max(1, coords.shape[1])
+        if coords.shape[1] == 0:
+            coords = torch.full((x.shape[0], 1, len(self.grid_size)), -1, dtype=torch.long)
+        calls = []
+        for where, rows, slots in plan_calls(coords):
+            uid, host = named[where]
+            calls.append(_Call(self._expert(uid, host), rows, slots))
         coords = coords.to(x.device)
         logits = torch.zeros(x.shape[0], k, dtype=x.dtype, device=x.device)
         for i, scores in enumerate(dim_scores):
             logits = logits + torch.gather(scores, 1, coords[:, :, i].clamp(min=0))
-        plan = [
-            _Call(self._expert(uid, host), torch.tensor(r), torch.tensor(s))
-            for (uid, host), (r, s) in calls.items()
-        ]
-        outputs, answered = _MixtureCall.apply(self, x, plan, k)  # type: ignore[no-untyped-call]
+        outputs, answered = _MixtureCall.apply(self, x, calls, k)  # type: ignore[no-untyped-call]
         short = answered.sum(1) < self.k_min
         if bool(short.any()):
             if not self.pass_short:
@@ -199,14 +187,31 @@ class RemoteMixtureOfExperts(nn.Module):
             )
         return self._experts[key]
 
-    async def _find_all(self, scores: list[list[list[float]]]) -> list[list[tuple[str, str]]]:
-        per_sample = [[dim[row] for dim in scores] for row in range(len(scores[0]))]
-        find_batch = getattr(self.finder, "find_batch", None)
-        if find_batch is not None:
-            return list(await find_batch(self.uid_prefix, per_sample, self.k_best))
-        return list(
-            await asyncio.gather(*(self.finder.find(self.uid_prefix, s, self.k_best) for s in per_sample))
-        )
+    async def _choose(
+        self, scores: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[tuple[int, ...], tuple[str, str]]]:
+        """``[batch, k', dims]`` chosen coordinates (``-1``: none) and each chosen cell's ``(uid, host)``:
+        from the finder's batch search where it has one, else from one ``find`` per sample."""
+        find_coords = getattr(self.finder, "find_coords", None)
+        if find_coords is not None:
+            batch: tuple[torch.Tensor, dict[tuple[int, ...], tuple[str, str]]]
+            batch = await find_coords(self.uid_prefix, scores, self.k_best)
+            return batch
+        lists = [s.tolist() for s in scores]
+        per_sample = [[dim[row] for dim in lists] for row in range(len(lists[0]))]
+        finds = (self.finder.find(self.uid_prefix, sample, self.k_best) for sample in per_sample)
+        chosen = await asyncio.gather(*finds)
+        k = max((len(c) for c in chosen), default=0)
+        coords = torch.full((len(chosen), k, len(self.grid_size)), -1, dtype=torch.long)
+        named: dict[tuple[int, ...], tuple[str, str]] = {}
+        for row, found in enumerate(chosen):
+            for slot, (uid, host) in enumerate(found):
+                where = self._coords_of(uid)
+                if where is None:
+                    continue  # a finder that returns foreign uids: ignore them rather than trust them
+                coords[row, slot] = torch.tensor(where)
+                named.setdefault(where, (uid, host))
+        return coords, named
 
     async def call_forward(
         self, plan: list[_Call], wire: list[torch.Tensor], aids: list[str], n_samples: int

@@ -19,7 +19,8 @@ def version() -> str:
         return "unknown"
 
 
-def about_text(site_url: str, status: dict[str, Any] | None) -> str:
+def about_text(site_url: str, status: dict[str, Any] | None, updates: str = "") -> str:
+    """``updates``: where updates come from and what the last check found (``update_check.summary``)."""
     runtime = (status or {}).get("runtime") or {}
     device = (status or {}).get("device") or "not known yet (the engine is not running)"
     build = runtime.get("torch", "not known yet")
@@ -30,16 +31,19 @@ def about_text(site_url: str, status: dict[str, Any] | None) -> str:
         "<i>Learning@home</i> (decentralized mixture of experts) and <i>DeDLOC</i> "
         "(collaborative training).</p>"
         f"<p>Computes on: <b>{device}</b><br>PyTorch: {build}<br>Data channels: {transport}</p>"
-        "<p>Licence: Apache License 2.0</p>"
+        + (f"<p>{updates}</p>" if updates else "")
+        + "<p>Licence: Apache License 2.0</p>"
         f'<p><a href="{site_url}">Project site</a> · <a href="{SOURCE_URL}">Source code</a></p>'
     )
 
 
-def show_about(parent: QWidget | None, site_url: str, status: dict[str, Any] | None) -> QMessageBox:
+def show_about(
+    parent: QWidget | None, site_url: str, status: dict[str, Any] | None, updates: str = ""
+) -> QMessageBox:
     box = QMessageBox(parent)
     box.setWindowTitle("About Learning@home")
     box.setIconPixmap(icon("app").pixmap(64, 64))
-    box.setText(about_text(site_url, status))
+    box.setText(about_text(site_url, status, updates))
     box.setStandardButtons(QMessageBox.StandardButton.Close)
     box.setModal(False)
     box.show()

@@ -39,6 +39,7 @@ from .presentation import present
 from .registration import register, token_place
 from .supervisor import NodeSupervisor, node_command
 from .update_check import UpdateChecker
+from .update_policy import STATE_NAME
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,9 @@ class AppController(QObject):
         self._quitting = False
         self._rendered = False
         self.notifications: list[tuple[str, str]] = []  # (title, text), newest last: for tests and the log
-        self.updates = UpdateChecker(self.paths.data / "downloads", parent=self)
+        self.updates = UpdateChecker(
+            self.paths.data / "downloads", state=self.paths.data / STATE_NAME, parent=self
+        )
         self.updates.available.connect(self._on_update_available)
         self.updates.downloaded.connect(lambda path: QDesktopServices.openUrl(QUrl.fromLocalFile(path)))
         self.updates.failed.connect(lambda why: self.notify("Update not downloaded", why))
@@ -143,9 +146,15 @@ class AppController(QObject):
         if self.config.consented:
             self._show_window_once()
             self.start_node()
+            self._start_updates()
         else:
             self.show_wizard()
+
+    def _start_updates(self) -> None:
+        """Only once the volunteer joined (nothing is sent before), and from the server they joined:
+        it names where releases are published, or that it names none (then nothing is checked)."""
         if not self.demo:
+            self.updates.coordinator_url = self.config.coordinator_url
             self.updates.start()
 
     def _show_window_once(self) -> None:
@@ -246,6 +255,7 @@ class AppController(QObject):
         self._apply_autostart(self.config.autostart)
         self._show_window_once()
         self.start_node()
+        self._start_updates()
 
     # -- the node ----------------------------------------------------------------------------------------
 
@@ -355,7 +365,9 @@ class AppController(QObject):
         a.site.triggered.connect(self.open_site)
         a.log.triggered.connect(self.open_log)
         a.about.triggered.connect(
-            lambda: self._dialogs.append(show_about(None, self.config.coordinator_url, self.status))
+            lambda: self._dialogs.append(
+                show_about(None, self.config.coordinator_url, self.status, self.updates.summary())
+            )
         )
         a.quit.triggered.connect(self.quit)
         a.update.triggered.connect(lambda: self.updates.download())

@@ -203,6 +203,9 @@ class ConsentWizard(QWizard):
             f"{' and the graphics card' if s.use_gpu else ', never the graphics card'}.</p>"
             f"<p>{'It will start when you log in.' if c.autostart else 'It will not start at login.'}"
             " You can change all of this later under <i>Settings…</i> in its menu.</p>"
+            f"<p>Updates: once a day it asks <b>{_esc(c.coordinator_url)}</b> where new versions are "
+            "published and offers one only if the project's release key signed it. If that server names "
+            "no such place, Learning@home does not look for updates anywhere else.</p>"
         )
         self.confirm.progress.setText("")
 

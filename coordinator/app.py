@@ -112,6 +112,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_swarm.setup_routes(app)
     api_collab.setup_routes(app)
     api_trainers.setup_routes(app)
+    app.router.add_get("/api/updates", _updates)
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.
     site.start_jobs(
@@ -122,6 +123,14 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
         leader=services.leader,  # with replicas: on one of them at a time
     )
     return app
+
+
+async def _updates(request: web.Request) -> web.Response:
+    """Where this project's apps look for releases (``update_manifest_url``; null: nowhere). Public: the
+    app asks before it has a token in hand, and a manifest is believed only for the release key's
+    signature, never for where it was found."""
+    url = request.app[SERVICES].config.update_manifest_url
+    return web.json_response({"manifest_url": url}, headers={"Cache-Control": "max-age=300"})
 
 
 def _replica_group(hub: SignalingHub, services: Services) -> Callable[[web.Application], AsyncIterator[None]]:

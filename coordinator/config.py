@@ -16,6 +16,8 @@ import msgspec
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+# https, or http to a loopback address (tests): the rule the app's update check applies to it.
+_MANIFEST_URL = re.compile(r"^(https://[^\s/:]+|http://(127(\.\d{1,3}){3}|\[::1\]))(:\d+)?(/\S*)?$")
 #: A language model's name: its grids are ``<name>_b<block>`` and uids ``<grid>.<i>.<j>``, so no dots.
 _NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,47}")
 
@@ -161,6 +163,8 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     max_receipt_credit: float = 10_000.0  # credit one receipt may carry; more is refused
     invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid
     exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
+    # The signed release manifest this project's apps check (GET /api/updates); None: they check none.
+    update_manifest_url: str | None = None
     experiments: list[ExperimentConfig] = []
 
     def __post_init__(self) -> None:
@@ -168,6 +172,12 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
         clash = sorted({n for n in names if names.count(n) > 1})
         if clash:
             raise msgspec.ValidationError(f"two experiments or layers are called {', '.join(clash)}")
+        url = self.update_manifest_url
+        if url is not None and not _MANIFEST_URL.match(url):
+            raise msgspec.ValidationError(
+                f"update_manifest_url must be an https address (plain http only to 127.x.x.x or [::1], "
+                f"for tests), not {url!r}"
+            )
 
     @property
     def grids(self) -> list[ExperimentConfig]:
@@ -189,6 +199,7 @@ _ENV_FIELDS = {
     "allowlist_mode": lambda v: v.lower() in ("1", "true", "yes"),
     "trusted_proxies": lambda v: [p.strip() for p in v.split(",") if p.strip()],
     "exports_dir": str,
+    "update_manifest_url": str,
 }
 
 

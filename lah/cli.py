@@ -120,6 +120,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     selftest.add_arguments(sub.add_parser("self-test", help="check this installation (headless)"))
     update = sub.add_parser("update", help="is there a newer signed release? (--download fetches it)")
     update.add_argument("--download", type=Path, metavar="DIR", help="fetch this platform's file into DIR")
+    update.add_argument(
+        "--coordinator",
+        metavar="URL",
+        help="ask this project server where its releases are (default: the Learning@home project's)",
+    )
+    update.add_argument("--state", type=Path, metavar="FILE", help=argparse.SUPPRESS)  # the newest seen
     update.add_argument("--manifest-url", help=argparse.SUPPRESS)  # a mirror; the key stays built in
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -63,8 +63,12 @@ class DHTNode:
         max_failures: int = 2,
         max_ttl: float = 24 * 3600.0,
         clock: Callable[[], float] = time.time,
+        client: bool = False,
     ) -> None:
+        """``client``: look up and publish without holding others' records or being anyone's contact
+        (see :mod:`.protocol`): what a trainer wants, whose event loop is busy with expert calls."""
         self.transport = transport
+        self.client = client
         self.signer = signer
         self.k = k
         self.alpha = alpha
@@ -73,7 +77,13 @@ class DHTNode:
         self.table = RoutingTable(self.node_id, k=k, max_failures=max_failures)
         self.storage = RecordStore()
         self.protocol = DHTProtocol(
-            transport, self.table, self.storage, clock=clock, rpc_timeout=rpc_timeout, max_ttl=max_ttl
+            transport,
+            self.table,
+            self.storage,
+            clock=clock,
+            rpc_timeout=rpc_timeout,
+            max_ttl=max_ttl,
+            client=client,
         )
         self._maintenance: asyncio.Task[None] | None = None
 
@@ -145,7 +155,7 @@ class DHTNode:
         key_id = key_id_of(key)
         lookup = await self.find_node(key_id)
         replicas = 0
-        if self._we_are_close(key_id, lookup.closest):
+        if not self.client and self._we_are_close(key_id, lookup.closest):
             for record in records:
                 with contextlib.suppress(RecordRejected):
                     self.storage.put(key_id, record, now)

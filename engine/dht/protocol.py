@@ -8,7 +8,10 @@ Methods and fields (all scalars or lists of scalars, so they travel in ``engine.
     dht.store       {"records": [record bytes]} -> {"accepted": [bool, ...]}
 
 Every request and every answer teaches the routing table a live contact; the sender's node id comes
-from the peer id the transport authenticated, never from the message. A failed call counts against
+from the peer id the transport authenticated, never from the message. A request with ``"client": true``
+comes from a DHT client (a trainer: it looks up and publishes, but holds nobody's records): it is
+answered and not added, so nobody picks it as a place to store, and a client serves only ``dht.ping``.
+The flag can only make its sender less used, so it needs no proof. A failed call counts against
 the contact (evicted after ``max_failures`` in a row). When a full bucket meets a newcomer its least
 recently seen contact is pinged in the background: it stays if it answers, else the newcomer replaces it.
 
@@ -83,8 +86,10 @@ class DHTProtocol:
         clock: Callable[[], float],
         rpc_timeout: float,
         max_ttl: float,
+        client: bool = False,
     ) -> None:
         self.transport = transport
+        self.client = client
         self.table = table
         self.storage = storage
         self.clock = clock
@@ -95,9 +100,10 @@ class DHTProtocol:
         self._pinging: set[int] = set()
         self._tasks: set[asyncio.Task[Any]] = set()
         transport.serve(PING, self._serve_ping)
-        transport.serve(STORE, self._serve_store)
-        transport.serve(FIND_NODE, self._serve_find_node)
-        transport.serve(FIND_VALUE, self._serve_find_value)
+        if not client:
+            transport.serve(STORE, self._serve_store)
+            transport.serve(FIND_NODE, self._serve_find_node)
+            transport.serve(FIND_VALUE, self._serve_find_value)
 
     # -- routing bookkeeping ---------------------------------------------------------------------
 
@@ -120,6 +126,8 @@ class DHTProtocol:
             self._pinging.discard(contact[0])
 
     async def _call(self, contact: Contact, method: str, fields: Fields) -> Fields:
+        if self.client:
+            fields = {**fields, "client": True}
         try:
             reply = await self.transport.call(contact[1], method, fields, timeout=self.rpc_timeout)
         except CallFailed:
@@ -169,11 +177,12 @@ class DHTProtocol:
 
     # -- serving side ----------------------------------------------------------------------------
 
-    def _sender(self, peer_id: str) -> None:
-        self.seen(node_id_of(peer_id), peer_id)
+    def _sender(self, peer_id: str, fields: Fields) -> None:
+        if fields.get("client") is not True:
+            self.seen(node_id_of(peer_id), peer_id)
 
     async def _serve_ping(self, sender: str, fields: Fields) -> Fields:
-        self._sender(sender)
+        self._sender(sender, fields)
         return {"ok": True}
 
     def _nearest(self, target: int, sender: str) -> list[str]:
@@ -181,12 +190,12 @@ class DHTProtocol:
 
     async def _serve_find_node(self, sender: str, fields: Fields) -> Fields:
         target = _id_field(fields, "target")
-        self._sender(sender)
+        self._sender(sender, fields)
         return {"peers": self._nearest(target, sender)}
 
     async def _serve_find_value(self, sender: str, fields: Fields) -> Fields:
         key_id = _id_field(fields, "key")
-        self._sender(sender)
+        self._sender(sender, fields)
         records = self.storage.get(key_id, self.clock())
         batch = pack_records(fair_order(records), ordered=True)[0] if records else []
         return {"peers": self._nearest(key_id, sender), "records": batch}
@@ -195,7 +204,7 @@ class DHTProtocol:
         raw = fields.get("records")
         if not isinstance(raw, list) or len(raw) > MAX_RECORDS_IN_REQUEST:
             raise BadRequest(f"records must be a list of at most {MAX_RECORDS_IN_REQUEST}")
-        self._sender(sender)
+        self._sender(sender, fields)
         return {"accepted": [self.accept(item, sender) for item in raw]}
 
     def accept(self, raw: object, sender: str | None = None) -> bool:

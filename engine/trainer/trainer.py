@@ -82,6 +82,7 @@ class TrainerConfig:
     seed: int = 0
     spot_check_fraction: float = 0.02
     wire: str = "float16"  # expert calls: "float16" or "int8" (engine.moe.client.WIRE_FORMATS)
+    dht_client: bool = True  # look up and publish, hold nobody's records: the loop stays for expert calls
     target_batch_size: int = 0  # >0: train the dense part with the experiment's other trainers
     gather_s: float = 2.0  # collaborative matchmaking: how long peers due for a step gather
     collab_timeout_s: float = 300.0  # the longest one collaborative step may block the trainer
@@ -343,7 +344,9 @@ class TrainerNode:
             self.identity, self.api.signaling_url, config=self.link_config, token_provider=self.token
         )
         await self.peer.start()
-        self.dht = DHTNode(PeerTransport(self.peer), signer=self.identity, rpc_timeout=10.0)
+        self.dht = DHTNode(
+            PeerTransport(self.peer), signer=self.identity, rpc_timeout=10.0, client=self.config.dht_client
+        )
         # An assignment with no capacity: no experts, but peers to join through and the key that
         # signs the assignment proofs in hosts' declarations (assigned hosts are preferred).
         joined = await self.api.assignment(await self.token(), self.identity.peer_id, "cpu", 0)

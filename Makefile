@@ -28,7 +28,7 @@ run: $(STAMP) native
 test: $(STAMP)
 	bash scripts/services
 	$(MAKE) native  # after the services: they install the compiler and headers it needs
-	$(BIN)/pip install --quiet -e '.[dev,nat]'
+	$(BIN)/pip install --quiet -e '.[dev,nat,datasets,tensorboard]'  # the optional inputs and outputs are tested too
 	# axe-core (pinned in tests/ui_pages/package.json) for the site's accessibility test.
 	cd tests/ui_pages && npm ci --no-audit --no-fund --silent
 	$(BIN)/python -m pytest -q

@@ -4,9 +4,10 @@ Layers, bottom up (each imports only those below it, and engine.moe for its expe
 
     errors.py      the exception tree (LmError: DataError, TokenizerMismatch, ConfigError, LossNotFinite)
     tokenizer.py   characters, bytes, or BPE (``tokenizers``): plain data with a sha256 an experiment names
-    corpus.py      --data: a text file or folder, nanoGPT's train.bin/val.bin (memory-mapped), or the
-                   shipped corpus (data/tinyshakespeare.txt, provenance in data/README.md); the fixed
-                   90/10 split; random windows of context + 1 tokens
+    saved_dataset.py  a folder the optional ``datasets`` library saved (load_from_disk, offline): text
+    corpus.py      --data: a text file or folder, nanoGPT's train.bin/val.bin (memory-mapped), a saved
+                   dataset, or the shipped corpus (data/tinyshakespeare.txt, provenance in
+                   data/README.md); the fixed 90/10 split; random windows of context + 1 tokens
     model.py       LmConfig and LanguageModel: a GPT whose mixture blocks route every token through any
                    [tokens, dim] module (remote volunteers or LocalMixtureOfExperts), tied head, generate()
     loop.py        the training loop: evaluation, metrics rows (CSV), a stop at the first non-finite loss

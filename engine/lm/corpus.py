@@ -5,6 +5,8 @@ What ``--data`` may name (:func:`open_corpus`):
 - a folder holding ``train.bin`` and ``val.bin``, pre-tokenized ids as nanoGPT writes them, with a
   ``meta.json`` naming ``vocab_size`` and ``dtype`` (``uint16``, the default, or ``uint32``). They are
   memory-mapped and never read whole: an id beyond the vocabulary is found in the batch that holds it.
+- a dataset saved on disk by the optional ``datasets`` library (:mod:`.saved_dataset`: its text column,
+  its own train/validation splits where it has them);
 - nothing: the corpus shipped with the project (``engine/lm/data/tinyshakespeare.txt``).
 
 The split is fixed and stated: the first 90% of the text (by characters, as nanoGPT's
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 
 from .errors import DataError
+from .saved_dataset import is_saved_dataset, read_saved_dataset
 from .tokenizer import CharTokenizer, Tokenizer
 
 __all__ = ["DEFAULT_CORPUS", "TRAIN_FRACTION", "Corpus", "open_corpus", "read_text"]
@@ -99,11 +102,16 @@ class Corpus:
         return window[:, :-1], window[:, 1:]
 
 
-def _from_text(text: str, tokenizer: Tokenizer, name: str, size: int) -> Corpus:
-    cut = int(len(text) * TRAIN_FRACTION)
+def _from_text(
+    text: str, tokenizer: Tokenizer, name: str, size: int, validation: str | None = None
+) -> Corpus:
+    """``validation``: a held-out text of its own; else the last 10% of ``text`` is."""
+    if validation is None:
+        cut = int(len(text) * TRAIN_FRACTION)
+        text, validation = text[:cut], text[cut:]
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
-    train = np.asarray(tokenizer.encode(text[:cut]), dtype=dtype)
-    val = np.asarray(tokenizer.encode(text[cut:]), dtype=dtype)
+    train = np.asarray(tokenizer.encode(text), dtype=dtype)
+    val = np.asarray(tokenizer.encode(validation), dtype=dtype)
     return Corpus(train, val, tokenizer.vocab_size, name, size, tokenizer)
 
 
@@ -138,5 +146,9 @@ def open_corpus(data: Path | None = None, tokenizer: Tokenizer | None = None) ->
     path = DEFAULT_CORPUS if data is None else data
     if path.is_dir() and (path / "train.bin").exists():
         return _from_token_files(path)
+    if is_saved_dataset(path):
+        train, val, name = read_saved_dataset(path)
+        size = len(train.encode("utf-8")) + len((val or "").encode("utf-8"))
+        return _from_text(train, tokenizer or CharTokenizer.fit(train + (val or "")), name, size, val)
     text = read_text(path)
     return _from_text(text, tokenizer or CharTokenizer.fit(text), str(path), len(text.encode("utf-8")))

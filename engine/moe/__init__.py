@@ -10,11 +10,16 @@ imports Qt, app/ or coordinator/)::
     graphs.py        KeptGraph: a forward batch's autograd graph, and the backward over kept and recomputed
     batching.py      TaskPool: requests merged into batches on one worker thread per device
     backend.py       ExpertBackend: module + Adam + input checks + forward/backward pools
-    server.py        ExpertServer: moe.forward / moe.backward / moe.info handlers, stats, checkpoints
+    weights.py       an expert's weights as a host reports them: the registry's order, one sha256 both ends
+                     compute (weights_digest), the layout a spec's module has (state_layout)
+    server.py        ExpertServer: moe.forward / moe.backward / moe.info / moe.state handlers, stats,
+                     checkpoints
     loop_thread.py   LoopThread: an asyncio loop on a thread, for synchronous torch code
     client.py        RemoteExpert: nn.Module + autograd.Function calling one hosted expert
     host_call.py     forward_many / backward_many: one batch's requests to many hosts, answers as they come
     beam.py          beam_search over the grid for a whole batch as tensor ops; plan_calls groups choices
+    gather.py        fetch_state / gather_experts: every replica's weights (moe.state), checked against the
+                     spec, one taken per expert (most update steps); expert_hosts: a grid's hosts
     dht_finder.py    DHTExpertFinder: beam search over DHT prefix lookups (engine.dht), TTL cache,
                      assigned hosts only where the coordinator's key is known
     mixture.py       RemoteMixtureOfExperts: grid gating, k calls, k_min + grace, renormalised softmax;
@@ -36,7 +41,9 @@ Exceptions (one tree)::
     │   └── ExpertUnavailable  "unavailable": the host is shutting down
     └── ExpertCallFailed       trainer side: a remote call failed (``code``: the host's, or "timeout",
         │                      "connection", "bad_reply")
-        └── NotEnoughExperts   fewer than k_min experts answered a mixture layer in time
+        ├── NotEnoughExperts   fewer than k_min experts answered a mixture layer in time
+        └── BadExpertState     "bad_state": weights whose digest, names, dtypes or shapes do not check
+                               out (``reason`` says which), or non-finite ones
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from .cache import ActivationCache
 from .checkpoint import Checkpoint, CheckpointStore, restore_state, snapshot_state
 from .client import RemoteExpert, new_activation_id
 from .errors import (
+    BadExpertState,
     BadInput,
     CheckpointError,
     ExpertCallFailed,
@@ -70,6 +78,7 @@ __all__ = [
     "ActivationCache",
     "Architecture",
     "BackendStats",
+    "BadExpertState",
     "BadInput",
     "Checkpoint",
     "CheckpointError",

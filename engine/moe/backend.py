@@ -257,6 +257,17 @@ class ExpertBackend:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, snapshot_state, self.module, self.optimizer, meta)
 
+    async def weights(self) -> tuple[list[str], list[torch.Tensor], int]:
+        """The module's state (names in its order, CPU copies) and the update steps it reflects, copied
+        on the worker thread between batches (as :meth:`snapshot`): never half an optimizer step."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self._weights)
+
+    def _weights(self) -> tuple[list[str], list[torch.Tensor], int]:
+        state = self.module.state_dict()
+        tensors = [v.detach().to("cpu", copy=True).contiguous() for v in state.values()]
+        return list(state), tensors, self.stats.steps
+
     async def restore(self, ckpt: Checkpoint) -> None:
         """Load a checkpoint written for this spec (the caller checked that)."""
         loop = asyncio.get_running_loop()

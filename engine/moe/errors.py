@@ -60,3 +60,13 @@ class ExpertCallFailed(MoEError):
 
 class NotEnoughExperts(ExpertCallFailed):
     """Fewer than ``k_min`` experts answered a mixture layer's call in time."""
+
+
+class BadExpertState(ExpertCallFailed):
+    """An expert's weights from a host that cannot be used: a digest that does not match the bytes,
+    names, dtypes or shapes other than the registry's module of the spec, non-finite values, or a
+    malformed reply (``code``: "bad_state"; ``reason``: which check failed)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message, "bad_state")
+        self.reason = reason

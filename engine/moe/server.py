@@ -7,6 +7,7 @@ Methods (all unary; fields are message fields, tensors in order)::
     moe.forward_many   {uids, aids, rows}  [inputs, concatenated]      -> {codes} [outputs of the ok]
     moe.backward_many  {uids, aids, rows}  [grad_outputs, concatenated] -> {codes} [grad_inputs of the ok]
     moe.info           {uid}               []     -> {arch, dim, hidden, heads, seq_len, input_shape}
+    moe.state          {uid}               []     -> {names, steps, sha256} [the module's state, float32 raw]
 
 ``aid`` (activation id) is the trainer's name for one forward call; with the caller's peer id it keys
 the cached inputs, so trainers cannot collide with each other. The ``_many`` methods carry one layer's
@@ -17,6 +18,12 @@ with other trainers' requests as a single call does, and fails alone (``codes[i]
 code; the reply holds the outputs of the experts that answered, in order). Replies travel in float16
 by default (half the bytes; trainers accept that precision anyway). Requests arrive in whatever the
 client chose.
+``moe.state`` hands out an expert's current weights (``lah export``: a model that runs without the
+swarm): the module's ``state_dict`` in its order (``names``), not the optimizer's, copied on the worker
+thread between batches so that it never holds half an update, with the update ``steps`` that copy
+reflects and the ``sha256`` of :func:`engine.moe.weights.weights_digest` (computed off the event loop).
+It travels raw (no float16: it is the model, not an activation); a state over ``STATE_MAX_BYTES`` (a
+link's message limit) is refused with ``too_large``. Any admitted peer may ask, as any may call forward.
 Errors are ``RemoteError`` with the codes of :mod:`engine.moe.errors`.
 """
 
@@ -42,6 +49,7 @@ from .cache import ActivationCache
 from .checkpoint import CheckpointStore
 from .errors import CheckpointError, ExpertRequestError, UnknownExpert
 from .registry import ExpertSpec
+from .weights import weights_digest, weights_nbytes
 
 __all__ = ["UID_PATTERN", "ExpertServer"]
 
@@ -50,6 +58,9 @@ logger = logging.getLogger(__name__)
 #: ``<grid name>.<coordinate>...``, e.g. ``ffn.3.7``; also safe as a directory name on every OS.
 UID_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,31}(\.[0-9]{1,6}){0,4}$")
 MAX_MANY = 1024  # experts in one moe.*_many call: a whole grid of one layer
+#: The largest state ``moe.state`` sends in one reply: under a link's default 32 MiB message limit.
+STATE_MAX_BYTES = 30 << 20
+STATE_MAX_TENSORS = 64  # the wire's default tensors per message
 
 
 class ExpertServer:
@@ -114,6 +125,7 @@ class ExpertServer:
         handlers.add_unary("moe.info", self._info)
         handlers.add_unary("moe.forward_many", self._forward_many)
         handlers.add_unary("moe.backward_many", self._backward_many)
+        handlers.add_unary("moe.state", self._state)
 
     def stats(self) -> dict[str, dict[str, int]]:
         return {uid: b.stats.as_dict() for uid, b in self.experts.items()}
@@ -281,6 +293,21 @@ class ExpertServer:
         backend = self._backend(msg)
         fields: dict[str, Any] = {**backend.spec.to_fields(), "input_shape": list(backend.input_shape)}
         return Message(Kind.RESPONSE, 0, fields=fields)
+
+    async def _state(self, msg: Message, ctx: CallContext) -> Message:
+        backend = self._backend(msg)
+        nbytes, count = weights_nbytes(backend.module), len(backend.module.state_dict())
+        if nbytes > STATE_MAX_BYTES or count > STATE_MAX_TENSORS:
+            raise RemoteError(
+                "too_large",
+                f"{backend.uid}: {count} tensors of {nbytes} bytes in all; one reply carries at most "
+                f"{STATE_MAX_TENSORS} tensors and {STATE_MAX_BYTES} bytes",
+            )
+        with self._tracked():
+            names, tensors, steps = await backend.weights()
+            digest = await asyncio.to_thread(weights_digest, names, tensors)
+        fields = {"names": names, "steps": steps, "sha256": digest}
+        return Message(Kind.RESPONSE, 0, fields=fields, tensors=tensors, compression=Compression.NONE)
 
     @contextlib.contextmanager
     def _tracked(self) -> Any:

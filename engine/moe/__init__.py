@@ -8,7 +8,10 @@ imports Qt, app/ or coordinator/)::
     checkpoint.py    safetensors checkpoints, written atomically, newest valid one loaded
     cache.py         ActivationCache: forward inputs and graphs kept (LRU + TTL, byte budget) for backward
     graphs.py        KeptGraph: a forward batch's autograd graph, and the backward over kept and recomputed
+    dispatch.py      Dispatcher: every batch that is ready goes to the device's worker in one hand-over
     batching.py      TaskPool: requests merged into batches on one worker thread per device
+    fused.py         many experts' backward batches as one autograd call and one Adam pass (each expert
+                     still takes its own step)
     backend.py       ExpertBackend: module + Adam + input checks + forward/backward pools
     weights.py       an expert's weights as a host reports them: the registry's order, one sha256 both ends
                      compute (weights_digest), the layout a spec's module has (state_layout)

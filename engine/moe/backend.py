@@ -30,6 +30,7 @@ from .batching import DutyCycle, TaskPool
 from .cache import ActivationCache
 from .checkpoint import Checkpoint, restore_state, snapshot_state
 from .errors import BadInput, ExpertUnavailable, InputsEvicted
+from .fused import backward_together
 from .graphs import BackwardRequest, GraphSlice, forward_keeping_graph
 from .graphs import backward as graph_backward
 from .registry import ExpertSpec, build, input_shape
@@ -125,6 +126,8 @@ class ExpertBackend:
             max_wait_s=max_wait_s,
             duty=duty,
             batched=False,  # requests carry their graphs, which do not concatenate
+            together=backward_together,  # with every other expert's backward that is ready
+            owner=self,
         )
         self.stats = BackendStats()
         self.closed = False

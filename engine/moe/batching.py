@@ -6,7 +6,8 @@ when ``max_batch_size`` samples are waiting or when the oldest request has waite
 batch runs, new requests queue up, so under load batches grow by themselves.
 
 The compute (including concatenating and splitting, which copies megabytes) runs on the device's
-single-thread executor, never on the event loop: the loop pumps SCTP for every connection of the node,
+single-thread executor (through :mod:`.dispatch`, with every other pool's batch that is ready at the
+same time), never on the event loop: the loop pumps SCTP for every connection of the node,
 and one stalled millisecond there stalls every transfer. One thread per device also serialises forward,
 backward and optimizer steps of all experts on that device, so no expert's weights change mid-batch.
 """
@@ -25,6 +26,7 @@ from typing import Any
 
 import torch
 
+from .dispatch import GroupFn, Job, dispatcher_for
 from .errors import ExpertUnavailable
 
 __all__ = ["BatchFn", "RequestsFn", "TaskPool"]
@@ -83,10 +85,15 @@ class TaskPool:
         max_wait_s: float = 0.005,
         duty: DutyCycle | None = None,
         batched: bool = True,
+        together: GroupFn | None = None,
+        owner: Any = None,
     ) -> None:
         """``batched``: ``fn`` is a :data:`BatchFn` (tensors concatenated per position, outputs split);
-        else a :data:`RequestsFn` that gets each request's arguments as they came (not all tensors)."""
+        else a :data:`RequestsFn` that gets each request's arguments as they came (not all tensors).
+        ``together``: runs this pool's batch with other pools' that are ready at the same time, given
+        each pool's ``owner`` (:mod:`.dispatch`); ``fn`` alone when that fails."""
         self.name = name
+        self.together, self.owner = together, owner
         self.duty = duty
         self.fn = fn
         self.batched = batched
@@ -156,13 +163,10 @@ class TaskPool:
             del batch
 
     async def _run_one(self, loop: asyncio.AbstractEventLoop, batch: list[_Task]) -> None:
+        run = _run_batch if self.batched else _run_requests
+        job = Job(run, self.fn, [t.args for t in batch], self.together, self.owner, self.duty)
         try:
-            if self.duty is not None:
-                await self.duty.wait()
-            run = _run_batch if self.batched else _run_requests
-            outputs, busy_s = await loop.run_in_executor(self.executor, run, self.fn, [t.args for t in batch])
-            if self.duty is not None:
-                self.duty.ran(busy_s)
+            outputs = await dispatcher_for(self.executor).run(job)
         except Exception as e:
             for t in batch:
                 if not t.future.done():

@@ -34,7 +34,15 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["BackwardRequest", "GraphSlice", "KeptGraph", "backward", "forward_keeping_graph"]
+__all__ = [
+    "BackwardRequest",
+    "GraphSlice",
+    "KeptGraph",
+    "PlannedBackward",
+    "backward",
+    "forward_keeping_graph",
+    "plan_backward",
+]
 
 
 class KeptGraph:
@@ -117,6 +125,29 @@ def _unpack(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+class PlannedBackward(NamedTuple):
+    """A backward batch ready for autograd: the outputs and their gradients to backpropagate (one
+    ``torch.autograd.backward`` may take several experts' at once), and where each request's input
+    gradient will be found afterwards (:meth:`input_grads`)."""
+
+    outputs: list[torch.Tensor]
+    grads: list[torch.Tensor]
+    where: list[tuple[torch.Tensor, int, int] | None]  # each request's (input leaf, start, stop)
+    recomputed: int  # samples whose forward ran again
+
+    def input_grads(self) -> list[torch.Tensor | None]:
+        """Each request's input gradient once autograd ran (None: neither a live graph nor inputs)."""
+        result: list[torch.Tensor | None] = []
+        for w in self.where:
+            if w is None:
+                result.append(None)
+                continue
+            leaf, a, b = w
+            assert leaf.grad is not None
+            result.append(leaf.grad[a:b])
+        return result
+
+
 def backward(
     module: torch.nn.Module, requests: Sequence[BackwardRequest], device: torch.device
 ) -> tuple[list[torch.Tensor | None], int]:
@@ -124,6 +155,17 @@ def backward(
     forward for the rest. Returns each request's input gradient (float32, on ``device``; None for one
     with neither a live graph nor inputs, whose graph a sibling's backward took after the caller looked)
     and how many samples were recomputed. The caller zeroes and steps the optimizer around it."""
+    plan = plan_backward(module, requests, device)
+    if plan.outputs:
+        with torch.enable_grad():
+            torch.autograd.backward(plan.outputs, plan.grads)
+    return plan.input_grads(), plan.recomputed
+
+
+def plan_backward(
+    module: torch.nn.Module, requests: Sequence[BackwardRequest], device: torch.device
+) -> PlannedBackward:
+    """Everything :func:`backward` does before autograd runs: kept graphs taken, the rest recomputed."""
     outputs: list[torch.Tensor] = []
     grads: list[torch.Tensor] = []
     # each request's (input leaf, start row, stop row) once its graph is known
@@ -164,18 +206,7 @@ def backward(
             where[j] = (x, start, start + int(xi.shape[0]))
             start += int(xi.shape[0])
         recomputed = start
-    if outputs:
-        with torch.enable_grad():
-            torch.autograd.backward(outputs, grads)
-    result: list[torch.Tensor | None] = []
-    for w in where:
-        if w is None:
-            result.append(None)
-            continue
-        leaf, a, b = w
-        assert leaf.grad is not None
-        result.append(leaf.grad[a:b])
-    return result, recomputed
+    return PlannedBackward(outputs, grads, where, recomputed)
 
 
 def _inputs(r: BackwardRequest) -> torch.Tensor:

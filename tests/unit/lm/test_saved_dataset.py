@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import datasets  # type: ignore[import-untyped]  # the datasets extra: make test installs it
+import datasets  # the datasets extra: make test installs it
 import pytest
 
 from engine.lm import DataError, open_corpus

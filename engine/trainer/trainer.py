@@ -379,19 +379,23 @@ class TrainerNode:
         assert self.peer is not None and self.finder is not None, "start() first"
         return remote_model(self.peer, self.finder, self.loop, self.config, self.observe)
 
-    async def collaborate(self, model: nn.Module) -> CollaborativeOptimizer:
-        """Adam over ``model``'s dense parameters, stepping with the experiment's other trainers
-        (the run ``<experiment>.dense``); takes the collaboration's state if it is under way."""
+    async def collaborate(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *, run: str | None = None
+    ) -> CollaborativeOptimizer:
+        """``optimizer`` (default: Adam) over ``model``'s dense parameters, stepping with the experiment's
+        other trainers of the run ``run`` (default ``<experiment>.dense``: ``lah train``'s model; another
+        model needs a run of its own); takes the collaboration's state if it is under way."""
         cfg = self.config
         if cfg.target_batch_size <= 0:
             raise ValueError("collaborative training needs target_batch_size > 0")
         assert self.peer is not None and self.dht is not None, "start() first"
         collab_config = CollabConfig(
-            run=f"{cfg.uid_prefix}.dense",
+            run=run or f"{cfg.uid_prefix}.dense",
             target_batch_size=cfg.target_batch_size,
             matchmaking=MatchmakingConfig(gather_s=cfg.gather_s, max_wait_s=4 * cfg.gather_s + 4.0),
         )
-        optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+        if optimizer is None:
+            optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
         collab = CollaborativeOptimizer(model, optimizer, self.peer, self.dht, collab_config)
         await collab.join()
         self.status = CollabStatusReporter(

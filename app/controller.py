@@ -44,6 +44,7 @@ from .update_policy import STATE_NAME
 log = logging.getLogger(__name__)
 
 UNREACHABLE_NOTIFY_S = 60.0
+CREDIT_REFRESH_S = 30.0  # while the status window is open: the node reads the credit this often
 TOMORROW_HOUR = 7  # "Snooze until tomorrow": until 07:00 the next morning
 
 
@@ -106,6 +107,7 @@ class AppController(QObject):
         self.tray: QSystemTrayIcon | None = None
         self.window: ControlWindow | None = None
         self.status_window: Any = None
+        self._credit_timer: QTimer | None = None
         self.settings_window: Any = None
         self.wizard: Any = None
         self._dialogs: list[QWidget] = []
@@ -182,7 +184,8 @@ class AppController(QObject):
         if self.tray is not None and QSystemTrayIcon.supportsMessages():
             self.tray.showMessage(title, text, icon("app"), 10_000)
         elif self.window is not None:
-            self.window.note.setText(f"{title}: {text}")
+            joint = " " if title.endswith(("!", "?", ".")) else ": "  # "Thank you! Your ...", not "you!:"
+            self.window.note.setText(f"{title}{joint}{text}")
             self.window.note.setVisible(True)
 
     # -- first run ---------------------------------------------------------------------------------------
@@ -420,6 +423,21 @@ class AppController(QObject):
         self.status_window.show()
         self.status_window.redraw()
         self.status_window.raise_()
+        if self._credit_timer is None:
+            self._credit_timer = QTimer(self)
+            self._credit_timer.setInterval(int(CREDIT_REFRESH_S * 1000))
+            self._credit_timer.timeout.connect(self.ask_credit)
+            self._credit_timer.start()
+        self.ask_credit()
+
+    def ask_credit(self) -> None:
+        """While the status window is open, have the node read the account's credit from the coordinator
+        now, not at its once-a-minute pace. The node asks, not the app: it holds the token and refreshes
+        it, and a refresh revokes the old token, so a second user of it could log the node out. The
+        reply comes at once; the new credit arrives with the status stream."""
+        window = self.status_window
+        if window is not None and window.isVisible() and self.link.connected:
+            self.link.command("refresh_credit")
 
     def show_settings(self) -> None:
         from .settings_window import SettingsWindow

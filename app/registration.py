@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.node import CoordinatorError, CoordinatorUnreachable, FileTokenStore
-from engine.node.tokens import Credentials, KeyringTokenStore, default_token_store
+from engine.node.tokens import Credentials, KeyringTokenStore, default_token_store, keyring_place
 
 from .errors import RegistrationError
 
@@ -32,9 +32,7 @@ class TokenPlace:
 def token_place(data_dir: Path) -> TokenPlace:
     store = default_token_store(data_dir)
     if isinstance(store, KeyringTokenStore):
-        import keyring
-
-        return TokenPlace(f"your system's keyring ({type(keyring.get_keyring()).__name__})", None)
+        return TokenPlace(keyring_place(), None)
     path = data_dir / TOKEN_FILE
     return TokenPlace(
         f"a private file only your user account can read ({path}), because this computer has no keyring",

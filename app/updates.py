@@ -65,10 +65,27 @@ from .update_policy import (
 )
 
 __all__ = [
-    "MANIFEST_URL", "RELEASE_PUBLIC_KEY", "SIGNING_CONTEXT", "Download", "DownloadMismatch", "InsecureUrl",
-    "ManifestInvalid", "ManifestRefused", "Release", "SignatureInvalid", "UpdateCheck", "UpdateError",
-    "UpdateUnavailable", "advertised_source", "check_for_update", "download_release", "parse_manifest",
-    "parse_version", "platform_key", "sign_manifest", "verify_file",
+    "MANIFEST_URL",
+    "RELEASE_PUBLIC_KEY",
+    "SIGNING_CONTEXT",
+    "Download",
+    "DownloadMismatch",
+    "InsecureUrl",
+    "ManifestInvalid",
+    "ManifestRefused",
+    "Release",
+    "SignatureInvalid",
+    "UpdateCheck",
+    "UpdateError",
+    "UpdateUnavailable",
+    "advertised_source",
+    "check_for_update",
+    "download_release",
+    "parse_manifest",
+    "parse_version",
+    "platform_key",
+    "sign_manifest",
+    "verify_file",
 ]
 
 #: Where the project site publishes the newest release's manifest.

@@ -100,9 +100,7 @@ class AccountPage(QWizardPage):
         self.name = QLineEdit(name, self, maxLength=MAX_NAME, placeholderText="e.g. Ada or a nickname")
         self.team = QLineEdit(team, self, maxLength=MAX_NAME, placeholderText="optional")
         self.url = QLineEdit(coordinator_url, self)
-        self.invite = QLineEdit(
-            "", self, maxLength=128, placeholderText="only if the project sent you one"
-        )
+        self.invite = QLineEdit("", self, maxLength=128, placeholderText="only if the project sent you one")
         self.autostart = QCheckBox("Start Learning@home when I log in", self)
         self.autostart.setChecked(True)
         for widget, label in (

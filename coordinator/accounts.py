@@ -50,6 +50,7 @@ from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Invite, T
 from .ledger import in_list
 
 INVITE_BYTES = 18  # 24 URL-safe characters
+MAX_INVITE_TTL_S = 366 * 86400.0
 
 _BAD_CATEGORIES = {"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"}
 
@@ -206,6 +207,13 @@ class Accounts:
             raise Conflict("name_taken", "that name is taken") from e
         return await self.get(account_id)
 
+    def invite_ttl(self, ttl_s: float | None) -> float:
+        """How long an invitation (or a trainer's login code) lasts; InvalidName outside a second..a year."""
+        ttl = self.invite_ttl_s if ttl_s is None else ttl_s
+        if not 0 < ttl <= MAX_INVITE_TTL_S:
+            raise InvalidName("an invitation lasts between a second and a year")
+        return ttl
+
     async def invite(self, name: object, *, by: int | None, ttl_s: float | None = None) -> tuple[str, float]:
         """An invitation for ``name`` (put on the allowlist too): returns (code, expires at).
 
@@ -213,9 +221,7 @@ class Accounts:
         if by is not None:
             await self.require_admin(by)
         name = validate_name(name)
-        ttl = self.invite_ttl_s if ttl_s is None else ttl_s
-        if not 0 < ttl <= 366 * 86400:
-            raise InvalidName("an invitation lasts between a second and a year")
+        ttl = self.invite_ttl(ttl_s)
         code = secrets.token_urlsafe(INVITE_BYTES)
         now = self.clock()
         async with self.sessions() as s, s.begin():

@@ -8,12 +8,37 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import shlex
 import signal
+import socket
+from datetime import UTC, datetime
 from pathlib import Path
 
 from .app import start_full
-from .config import load_config
+from .config import CoordinatorConfig, load_config
 from .services import open_services
+
+
+def valid_until(expires_at: float) -> str:
+    """``2026-05-02 14:03 UTC (16:03 CEST here)``: when a code stops working, for a person to read (the
+    operator passes it on, perhaps to someone in another time zone)."""
+    utc = datetime.fromtimestamp(expires_at, UTC)
+    local = utc.astimezone()
+    text = f"{utc:%Y-%m-%d %H:%M} UTC"
+    if local.utcoffset() != utc.utcoffset():
+        day = "" if local.date() == utc.date() else f"{local:%Y-%m-%d} "
+        text += f" ({day}{local:%H:%M} {local.tzname() or 'local time'} here)"
+    return text
+
+
+def public_url(config: CoordinatorConfig) -> str:
+    """The address others reach this coordinator at, for the commands it prints: ``public_url`` where
+    the operator set one, else its own host and port (a wildcard host named by this machine's name)."""
+    if config.public_url:
+        return config.public_url.rstrip("/")
+    host = config.host if config.host not in ("", "0.0.0.0", "::") else socket.gethostname()
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{config.port}"
 
 
 async def run(config_path: Path | None, host: str | None, port: int | None, make_admin: str | None) -> None:
@@ -51,13 +76,17 @@ async def run(config_path: Path | None, host: str | None, port: int | None, make
 
 async def invite(config_path: Path | None, name: str, ttl_s: float | None = None) -> str:
     """Create an invitation for ``name`` and print its code (shown once: only its hash is kept)."""
-    services = await open_services(load_config(config_path))
+    config = load_config(config_path)
+    services = await open_services(config)
     try:
         code, expires_at = await services.accounts.invite(name, by=None, ttl_s=ttl_s)
     finally:
         await services.close()
     print(
-        f"invitation for {name}: code {code} (single use, expires at unix time {expires_at:.0f})", flush=True
+        f"invitation for {name}: code {code} (single use, valid until {valid_until(expires_at)}); the "
+        f"app asks for it on first run (lah app --coordinator {public_url(config)}), or: lah node "
+        f"--coordinator {public_url(config)} --name {shlex.quote(name)} --invite {code}",
+        flush=True,
     )
     return code
 
@@ -77,14 +106,16 @@ async def grant_trainer(config_path: Path | None, name: str, ttl_s: float | None
     for ``lah train login`` (shown once: only its hash is kept)."""
     from .trainers import grant_trainer as grant
 
-    services = await open_services(load_config(config_path))
+    config = load_config(config_path)
+    services = await open_services(config)
     try:
         account, code, expires_at = await grant(services.accounts, name, by=None, ttl_s=ttl_s)
     finally:
         await services.close()
     print(
-        f"coordinator: {account.name} is a {account.role}; login code {code} (single use, expires at "
-        f"unix time {expires_at:.0f}): lah train login --name {account.name} --code={code}",
+        f"coordinator: {account.name} is a {account.role}; login code {code} (single use, valid until "
+        f"{valid_until(expires_at)}); on the trainer's computer: lah train login --coordinator "
+        f"{public_url(config)} --name {shlex.quote(account.name)} --code={code}",
         flush=True,
     )
     return code

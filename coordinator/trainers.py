@@ -41,6 +41,7 @@ async def grant_trainer(
     if by is not None:
         await accounts.require_admin(by)
     name = validate_name(name)
+    accounts.invite_ttl(ttl_s)  # checked before anything changes: a refused grant leaves no trace
     try:
         account = await accounts.by_name(name)
     except NotFound:

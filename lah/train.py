@@ -16,8 +16,8 @@ not yet taken are dropped, as DeDLOC drops any peer that leaves. Receipts are fl
 trainer leaves. A second Ctrl+C quits at once.
 
 Exit status: 0 done or stopped, 1 the coordinator or the swarm could not be reached, 2 a usage problem
-(no login, not a trainer, no such experiment, a data set that does not fit the experiment), 130 quit at
-once.
+(no login, not a trainer, no such experiment, a data set that does not fit the experiment, nothing at
+a --coordinator it has no login for: a mistyped URL), 130 quit at once.
 """
 
 from __future__ import annotations
@@ -37,14 +37,12 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import platformdirs
-
 from engine.dht.errors import DHTError
 from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
 from engine.node.tokens import Credentials
 from engine.p2p.errors import P2PError
 
-from .train_credentials import TrainerCredentials, fresh
+from .train_credentials import TrainerCredentials, default_trainer_dir, fresh
 
 __all__ = ["TrainError", "config_of", "login_command", "run_train", "train_main"]
 
@@ -59,9 +57,8 @@ class TrainError(Exception):
 
 
 def default_data_dir() -> Path:
-    from engine.p2p.identity import APP_NAME
-
-    return Path(platformdirs.user_data_dir(APP_NAME)) / "trainer"
+    """The one a researcher's own script (``engine.swarm``) uses too: one login serves both."""
+    return default_trainer_dir()
 
 
 @dataclass(frozen=True)
@@ -111,6 +108,56 @@ def config_of(experiment: dict[str, Any]) -> Any:
         raise TrainError(f"the coordinator's experiment config is not one lah train understands: {e}") from e
 
 
+NPZ_MAGIC = b"PK\x03\x04"  # an .npz is a zip archive of .npy files
+SAVE_AS = "save it with numpy.savez(FILE, x=samples_by_features, y=labels)"
+
+
+def read_npz(path: Path) -> tuple[Any, Any]:
+    """``x`` (float32) and ``y`` from an ``.npz``; TrainError says what the file is instead. Only numeric
+    arrays are read: an object array would be unpickled, and a pickle can run any code, so such a file
+    is refused whatever its source (and numpy's hint to allow that is never passed on)."""
+    import zipfile
+
+    import numpy as np
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(512)
+    except OSError as e:
+        raise TrainError(f"cannot read {path}: {e.strerror or e}") from e
+    if not head:
+        raise TrainError(
+            f"cannot read {path}: the file is empty; the experiment needs arrays x and y ({SAVE_AS})"
+        )
+    if not head.startswith(NPZ_MAGIC):
+        what = "a text file" if b"\0" not in head and _decodes(head) else "not an .npz file"
+        raise TrainError(f"cannot read {path}: it is {what}, not an .npz with arrays x and y ({SAVE_AS})")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            if "x" not in npz.files or "y" not in npz.files:
+                held = ", ".join(npz.files) or "nothing"
+                raise TrainError(f"{path} holds {held}, not the arrays x and y ({SAVE_AS})")
+            x, y = npz["x"], npz["y"]
+    except (zipfile.BadZipFile, EOFError, OSError) as e:
+        raise TrainError(f"cannot read {path}: a damaged or cut-short .npz file ({type(e).__name__})") from e
+    except ValueError as e:
+        raise TrainError(
+            f"cannot read {path}: it holds Python objects rather than numbers; lah train reads numbers only "
+            f"({SAVE_AS})"
+        ) from e
+    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
+        raise TrainError(f"{path}: x and y must hold numbers (x holds {x.dtype}, y {y.dtype})")
+    return np.asarray(x, dtype=np.float32), np.asarray(y)
+
+
+def _decodes(head: bytes) -> bool:
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return e.start >= len(head) - 3  # cut in the middle of a character at the end: still text
+    return True
+
+
 def load_data(experiment: Experiment, data: Path | None) -> Any:
     """The experiment's data set: digits (sklearn's, bundled), or ``data``: an ``.npz`` with ``x``
     (samples x in_features) and ``y`` (class labels), split 80/20 with a fixed seed."""
@@ -125,11 +172,7 @@ def load_data(experiment: Experiment, data: Path | None) -> Any:
         digits = load_digits_split(seed=experiment.trainer.seed)
         x_tr, y_tr, x_te, y_te = digits.x_train, digits.y_train, digits.x_test, digits.y_test
     else:
-        try:
-            with np.load(data) as npz:
-                x, y = np.asarray(npz["x"], dtype=np.float32), np.asarray(npz["y"])
-        except (OSError, KeyError, ValueError) as e:
-            raise TrainError(f"cannot read {data} (an .npz with arrays x and y): {e}") from e
+        x, y = read_npz(data)
         if (
             x.ndim != 2
             or y.ndim != 1
@@ -270,6 +313,11 @@ def _run(
     store = TrainerCredentials(data_dir, token_file)
     stored = store.load(url)
     if stored is None:
+        from engine.p2p import eventloop
+
+        not_there = eventloop.run(_no_coordinator(url))
+        if not_there is not None:  # a mistyped URL: say that, not that the login is missing
+            raise TrainError(f"{not_there}: check --coordinator (no trainer login is kept for it either)")
         raise TrainError(
             f"no trainer login for {url}: run `lah train login --coordinator {url} --name NAME --code CODE` "
             "with the code from the project's operator (lah coordinator grant-trainer NAME)"
@@ -390,6 +438,26 @@ async def _prepare(
         return credentials, str(me["account"]["name"]), spec
     finally:
         await api.close()
+
+
+PROBE_TIMEOUT_S = 10.0
+
+
+async def _no_coordinator(url: str) -> str | None:
+    """None when a coordinator answers at ``url``; else why not, in a sentence."""
+    from engine.node.coordinator_api import CoordinatorApi
+
+    api = CoordinatorApi(url, timeout=PROBE_TIMEOUT_S)
+    try:
+        await api.get("/healthz")
+    except CoordinatorUnreachable as e:
+        return f"the coordinator at {url} is unreachable ({str(e).removeprefix(url + ' unreachable: ')})"
+    except CoordinatorError as e:
+        if e.status == 404:
+            return f"{url} answers, but not as a Learning@home coordinator (no /healthz)"
+    finally:
+        await api.close()
+    return None  # it answered (a 503 too: a coordinator whose database is away is still there)
 
 
 def _explain(e: CoordinatorError, url: str, name: str) -> str:

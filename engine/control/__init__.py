@@ -4,14 +4,22 @@ Layers, bottom up (imports ``engine.node`` and ``engine.resources``; never Qt, `
 
     protocol      JSON-lines framing, the connection file (host, port, secret, pid; mode 0600), errors
     server        ControlServer: localhost TCP; first line must carry the secret; commands below
-    node_control  NodeControl: status / pause / resume / snooze / set_limits on a Volunteer (+ Governor)
+    headless      a node nobody sits at: limit flags for ``lah node``, hint_for (why it waits, what
+                  changes that), NodeLog (the console and the home's log file)
+    node_control  NodeControl: status / pause / resume / snooze / set_limits / reload on a Volunteer
     client        ControlClient: for the tray app and ``lah status|pause|resume|snooze``
+    credit        describe_credit: the account's credit as a reading with its time (CLI and tray)
+    commands      ``lah node`` (a NodeHome, its settings followed by a SettingsWatcher) and the
+                  commands that reach a running node, by its home
 
 Commands: ``status`` (``follow: true`` streams updates), ``pause``, ``resume``, ``snooze {seconds}``,
 ``set_limits {limits: {...}}`` (validated by ``engine.resources.validated``, saved, applied),
 ``feed_idle {seconds, source}`` (the user's idle time as the tray app sees it; preferred while fresh),
-``shutdown`` (a clean stop, as SIGTERM; what the tray app's Quit uses on every OS). ``status`` adds the
-``limits``, ``idle_source`` and ``traffic`` (today, this month, the cap) to the node's own keys.
+``shutdown`` (a clean stop, as SIGTERM; what the tray app's Quit uses on every OS), ``refresh_credit``
+(read the account's credit from the coordinator now; replies at once, the value follows in the status).
+``status`` adds the ``limits`` (in force: the file's with the command line's ``overrides`` on top),
+``idle_source``, ``hint`` (why a waiting node waits and which setting or flag changes that) and
+``traffic`` (today, this month, the cap) to the node's own keys.
 
 Exceptions::
 

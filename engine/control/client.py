@@ -100,6 +100,11 @@ class ControlClient:
     async def feed_idle(self, seconds: float, source: str) -> None:
         await self.request("feed_idle", seconds=seconds, source=source)
 
+    async def refresh_credit(self) -> dict[str, Any]:
+        """Have the node read its credit from the coordinator now (the value follows in its status)."""
+        result: dict[str, Any] = await self.request("refresh_credit")
+        return result
+
     async def follow_status(self, idle_timeout: float = 30.0) -> AsyncIterator[dict[str, Any]]:
         """Status updates as they change (a heartbeat at least every few seconds); this connection only."""
         if self._reader is None or self._writer is None:

@@ -2,14 +2,17 @@
 
 With a governor, pause/resume/snooze go through it (so its decision, reason and the work hooks stay the
 one source of truth); without one (tests, demos) the Volunteer's hooks are called directly.
-``set_limits`` merges the given fields into the current settings, validates them with
-``engine.resources.validated``, saves them (when a path is given) and applies them at once.
+``set_limits`` merges the given fields into the file's settings, validates them with
+``engine.resources.validated``, saves them (when a path is given) and applies them at once; ``reload``
+applies the file's settings when another writer changed it (``engine.resources.SettingsWatcher``).
+Either way the command line's ``overrides`` stay on top and never reach the file, which other nodes
+may share.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +29,14 @@ from engine.resources import (
     SettingsError,
     State,
     TokenBucket,
+    apply_overrides,
     save_settings,
     validated,
 )
 from engine.resources.limits import apply_torch_limits
 from engine.resources.settings import monthly_data_cap_bytes
 
+from .headless import hint_for
 from .protocol import ControlError
 
 # Which torch build computes and which record layer the links use, for the tray's About box and bug
@@ -51,16 +56,22 @@ class NodeControl:
         download: TokenBucket | None = None,
         traffic: DataCapCounter | None = None,
         on_shutdown: Callable[[], None] | None = None,
+        *,
+        overrides: Mapping[str, Any] | None = None,
+        file_settings: Settings | None = None,
     ) -> None:
         """``upload``/``download``: the transport's buckets, retuned when the caps change; ``traffic``:
         the data-cap counter (today's and this month's bytes in status); ``on_shutdown``: what the
-        ``shutdown`` command calls (the tray app's clean quit, the same on every OS)."""
+        ``shutdown`` command calls (the tray app's clean quit, the same on every OS); ``overrides``:
+        the command line's limits; ``file_settings``: the file's, before them (default: the volunteer's)."""
         self.volunteer = volunteer
         self.settings_path = settings_path
         self.upload = upload
         self.download = download
         self.traffic = traffic
         self.on_shutdown = on_shutdown
+        self.overrides = dict(overrides or {})
+        self.file_settings = file_settings or volunteer.settings
         self._snooze: asyncio.TimerHandle | None = None
 
     def status(self) -> dict[str, Any]:
@@ -68,6 +79,8 @@ class NodeControl:
         status["limits"] = msgspec.to_builtins(self.volunteer.settings)
         gov = self.volunteer.governor
         status["idle_source"] = (gov.idle.source or "node") if gov is not None else None
+        status["hint"] = self.hint()
+        status["overrides"] = dict(self.overrides)
         status["runtime"] = RUNTIME
         if self.traffic is not None:
             status["traffic"] = {
@@ -76,6 +89,20 @@ class NodeControl:
                 "period_end": self.traffic.period_end().isoformat(timespec="minutes"),
             }
         return status
+
+    def hint(self) -> str | None:
+        """Why the node waits and which setting or flag would let it work (None while it works)."""
+        gov = self.volunteer.governor
+        gpu = self.volunteer.device.type == "cuda"
+        decision = gov.decision if gov is not None else None
+        return hint_for(decision, gpu=gpu, settings_file=self.settings_path, overrides=self.overrides)
+
+    def refresh_credit(self) -> dict[str, Any]:
+        """Someone looks at the credit (the tray's status window): read it from the coordinator now. The
+        reply does not wait for the coordinator (a pause on the same connection must never queue behind
+        a slow one): the new value comes with the status, ``credit_at`` says when it was read."""
+        started = self.volunteer.refresh_credit()
+        return {"reading": started, "credit_at": self.volunteer.credit_at}
 
     def shutdown(self) -> None:
         if self.on_shutdown is None:
@@ -168,7 +195,7 @@ class NodeControl:
             gov.unsubscribe(queue)
 
     async def set_limits(self, limits: dict[str, Any]) -> dict[str, Any]:
-        current = msgspec.to_builtins(self.volunteer.settings)
+        current = msgspec.to_builtins(self.file_settings)
         unknown = sorted(set(limits) - set(current))
         if unknown:
             raise ControlError("bad_request", f"unknown setting(s): {', '.join(unknown)}")
@@ -181,6 +208,24 @@ class NodeControl:
                 save_settings(settings, self.settings_path)
             except SettingsError as e:
                 raise ControlError("save_failed", str(e)) from e
+        self.file_settings = settings
+        effective = self.apply(apply_overrides(settings, self.overrides))
+        result: dict[str, Any] = msgspec.to_builtins(effective)
+        return result
+
+    def reload(self, settings: Settings) -> list[str]:
+        """The settings file changed under us: apply it (overrides on top). Returns the names of the
+        settings that changed in the file, empty when it says what we run with already (our own save)."""
+        before = msgspec.structs.asdict(self.file_settings)
+        changed = [k for k, v in msgspec.structs.asdict(settings).items() if before.get(k) != v]
+        if changed:
+            self.file_settings = settings
+            self.apply(apply_overrides(settings, self.overrides))
+        return changed
+
+    def apply(self, settings: Settings) -> Settings:
+        """Run with ``settings`` from now on: the governor decides by them, torch and the transport's
+        buckets follow at once. (The device and the data-cap period are chosen at start.)"""
         self.volunteer.settings = settings
         if self.volunteer.governor is not None:
             self.volunteer.governor.set_settings(settings)
@@ -189,5 +234,4 @@ class NodeControl:
             self.upload.set_rate(settings.max_upload_kib_s * 1024)  # 0: unlimited
         if self.download is not None:
             self.download.set_rate(settings.max_download_kib_s * 1024)
-        result: dict[str, Any] = msgspec.to_builtins(settings)
-        return result
+        return settings

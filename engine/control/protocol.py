@@ -6,9 +6,10 @@ request is ``{"id": n, "cmd": ..., ...args}`` and each reply ``{"id": n, "ok": t
 ``{"id": n, "ok": false, "error": code, "message": text}``; ``status`` with ``"follow": true`` sends
 ``{"id": n, "event": "status", "status": {...}}`` lines until the client hangs up.
 
-The secret lives in the connection file in the user's runtime (else config) folder, created with mode
-0600 in a folder of mode 0700 (a folder found with wider permissions is narrowed; on Windows the folder
-is already per-user): whoever can read it is the user who started the node.
+The secret lives in the connection file in the node's home (``engine.node.home``: the user's runtime,
+else config, folder, or the node's ``--data-dir``), created with mode 0600 in a folder of mode 0700 (a
+folder found with wider permissions is narrowed; on Windows the folder is already per-user): whoever can
+read it is the user who started the node.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ import json
 import os
 import secrets
 import stat
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from engine.files import atomic_write
+from engine.node.home import runtime_dir, user_data_dir
 
 APP_NAME = "learning-at-home"
 CONNECTION_FILE = "control.json"
@@ -52,10 +51,8 @@ class NodeNotRunning(ControlError):
 
 
 def default_dir() -> Path:
-    runtime = os.environ.get("XDG_RUNTIME_DIR") if sys.platform.startswith("linux") else None
-    if runtime:
-        return Path(runtime) / APP_NAME
-    return Path(platformdirs.user_config_dir(APP_NAME, appauthor=False))
+    """The default node home's runtime folder (``engine.node.home``); a ``--data-dir`` node uses its own."""
+    return runtime_dir()
 
 
 def private_dir(path: Path) -> Path:
@@ -71,8 +68,8 @@ def private_dir(path: Path) -> Path:
 
 
 def data_dir() -> Path:
-    """The node's identity, token file, checkpoints and traffic counter (the tray app uses it too)."""
-    return Path(platformdirs.user_data_dir(APP_NAME, appauthor=False))
+    """The default node's identity, token file, checkpoints and traffic counter (the tray app uses it too)."""
+    return user_data_dir()
 
 
 def default_connection_path() -> Path:

@@ -43,6 +43,8 @@ class Controller(Protocol):
 
     def feed_idle(self, seconds: float, source: str) -> None: ...
 
+    def refresh_credit(self) -> dict[str, Any]: ...
+
     def shutdown(self) -> None: ...
 
 
@@ -208,6 +210,8 @@ class ControlServer:
         if cmd == "shutdown":
             c.shutdown()
             return None
+        if cmd == "refresh_credit":
+            return c.refresh_credit()
         if cmd == "feed_idle":
             seconds, source = request.get("seconds"), request.get("source", "app")
             number = isinstance(seconds, int | float) and not isinstance(seconds, bool)

@@ -95,6 +95,26 @@ class KeyringTokenStore:
         self._keyring.set_password(self.service, key, value)
 
 
+def keyring_place(backend: object | None = None) -> str:
+    """Where the keyring keeps what it is given, in words a person can check. A keyrings.alt backend is a
+    file in the user's folder (in plain text, for PlaintextKeyring), not the system's keyring, and the
+    volunteer is told which file; a chain of backends stores in its first."""
+    if backend is None:
+        import keyring
+
+        backend = keyring.get_keyring()
+    chain = getattr(backend, "backends", None)
+    if isinstance(chain, list | tuple) and chain:
+        backend = chain[0]
+    name = type(backend).__name__
+    path = getattr(backend, "file_path", None)
+    if isinstance(path, str) and path:
+        package = ".".join(type(backend).__module__.split(".")[:2])
+        kind = "a plain-text key file" if "plaintext" in name.lower() else "a key file"
+        return f"{kind}, {path} ({package} {name}: a file of its own, not your system's keyring)"
+    return f"your system's keyring ({name})"
+
+
 def default_token_store(
     data_dir: Path, *, service: str = KEYRING_SERVICE, file_name: str = "token.json"
 ) -> KeyringTokenStore | FileTokenStore:

@@ -45,6 +45,8 @@ from .tokens import Credentials, TokenStore
 
 logger = logging.getLogger(__name__)
 
+CREDIT_MIN_AGE_S = 3.0  # a reading asked for by a person (refresh_credit): at most this often
+
 
 class Volunteer:
     def __init__(
@@ -131,6 +133,9 @@ class Volunteer:
         self._upkeep: asyncio.Task[None] | None = None
         self.credit: float | None = None  # set when the coordinator reports it
         self.rank: int | None = None  # the account's place on the leaderboard (1 = first)
+        self.credit_at: float | None = None  # wall time of the last reading
+        self.credit_error: str | None = None  # why the last reading failed (the old one stays shown)
+        self._credit_task: asyncio.Task[None] | None = None
         self.energy_reported_kwh = 0.0
         self._accounted_at = -math.inf
 
@@ -197,9 +202,10 @@ class Volunteer:
         self.gate.close("shutting down")
         if self.governor is not None:
             await self.governor.stop()
-        if self._upkeep is not None:
-            self._upkeep.cancel()
-            await asyncio.gather(self._upkeep, return_exceptions=True)
+        for task in (self._upkeep, self._credit_task):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         if self.declarer is not None:
             await self.declarer.stop()
         await self.gate.drain(self.drain_timeout)
@@ -345,10 +351,37 @@ class Volunteer:
         if token is None:
             return
         try:
-            self.credit, self.rank = await self.api.credit(token)
+            await self._read_credit(token)
             await self._report_energy(token)
         except NodeError as e:  # unreachable too: the rest of upkeep still runs
             self.note_error(f"credit: {e}")
+
+    async def _read_credit(self, token: str) -> None:
+        try:
+            self.credit, self.rank = await self.api.credit(token)
+        except NodeError as e:
+            self.credit_error = str(e)
+            raise
+        self.credit_at, self.credit_error = time.time(), None
+
+    def refresh_credit(self, min_age_s: float = CREDIT_MIN_AGE_S) -> bool:
+        """Read the account's credit now, in the background, for someone looking at it (the tray's status
+        window): upkeep reads it once a minute for every node of the swarm, which leaves a fresh volunteer
+        looking at the credit of before its first receipts. At most one reading at a time and one per
+        ``min_age_s``; the new value arrives with the next status. Returns whether a reading started."""
+        recent = self.credit_at is not None and time.time() - self.credit_at < min_age_s
+        busy = self._credit_task is not None and not self._credit_task.done()
+        if recent or busy or not self.started or self.stopping:
+            return False
+
+        async def read() -> None:
+            token = await self._token()
+            if token is not None:
+                with contextlib.suppress(NodeError):  # kept in credit_error, shown beside the old value
+                    await self._read_credit(token)
+
+        self._credit_task = asyncio.create_task(read(), name="credit-read")
+        return True
 
     async def _report_energy(self, token: str) -> None:
         """Energy spent on contributed work goes to the coordinator with the host's contributions."""

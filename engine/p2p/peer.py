@@ -73,6 +73,10 @@ class Peer:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
         self.rejected_offers = 0
+        # Links made since start, by who began them: a volunteer's status tells whether anyone could
+        # reach it at all (links_in) apart from the links it opened itself (links_out).
+        self.links_in = 0
+        self.links_out = 0
         self.admission = InboundAdmission(per_peer=max_inbound_per_peer, total=max_inbound)
         # called with the remote's id when a link in the pool fails or the remote closes it (not
         # when this side closes it): the remote is likely gone, and whoever waits on it need not
@@ -204,6 +208,7 @@ class Peer:
             return
         link = task.result()
         self._register(link)
+        self.links_out += 1
         if pending is not None and not pending.done():
             pending.set_result(link)
 
@@ -254,6 +259,7 @@ class Peer:
             logger.info("answering %s failed: %s", remote[:12], e)
             return
         self._register(link)
+        self.links_in += 1
         pending = self._connecting.pop(remote, None)
         if losing_dial is not None:
             losing_dial.cancel()

@@ -13,6 +13,7 @@ Layers, bottom up (each imports only those below it)::
     system      SystemSensors: the real machine's readings for the governor
     decision    decide(): pure; State, Reason, Decision (priority order drawn there)
     governor    Governor: adaptive polling loop, work hooks, pub-sub of decisions
+    watch       SettingsWatcher (a running node follows its edited file); command-line overrides
 
 Exceptions::
 
@@ -34,6 +35,7 @@ from .limits import apply_torch_limits, cpu_pause_after, free_gpu_memory
 from .sensors import GpuReading, NvmlGpu, Readings
 from .settings import Schedule, Settings, load_settings, save_settings, settings_path, validated
 from .system import SystemSensors
+from .watch import SettingsWatcher, apply_overrides, format_overrides
 
 __all__ = [
     "BandwidthError",
@@ -55,6 +57,7 @@ __all__ = [
     "SensorSource",
     "Settings",
     "SettingsError",
+    "SettingsWatcher",
     "State",
     "SystemSensors",
     "TokenBucket",
@@ -62,10 +65,12 @@ __all__ = [
     "UserState",
     "WorkHooks",
     "X11Idle",
+    "apply_overrides",
     "apply_torch_limits",
     "cpu_pause_after",
     "decide",
     "default_idle_source",
+    "format_overrides",
     "free_gpu_memory",
     "load_settings",
     "save_settings",

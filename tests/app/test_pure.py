@@ -3,16 +3,18 @@ credit milestones, login entries, snooze times, node log rotation, and that the 
 
 from __future__ import annotations
 
+import itertools
 import plistlib
 import subprocess
 import sys
+import time
 from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from app import autostart
-from app.activity import Activity, milestone_crossed
+from app.activity import Activity, clock_ticks, milestone_crossed
 from app.controller import seconds_until_tomorrow
 from app.presentation import human_bytes, present
 from app.supervisor import node_command, rotate
@@ -49,10 +51,21 @@ def test_activity_rates_and_a_restarted_node() -> None:
     p = a.add({"requests_served": 3, "bytes_up": 0, "bytes_down": 0}, 6.0)
     assert p is not None and p.requests_per_s == 1.0
     assert a.add({"requests_served": "many"}, 9.0) is None
-    x, req, _, _ = a.series(6.0)
-    assert x == [-4 / 60, 0.0] and req == [5.0, 1.0]
+    x, req, _, _ = a.series(6.0, 1_000.0)  # the clock's time of monotonic 6.0: 1,000.0
+    assert x == [996.0, 1_000.0] and req == [5.0, 1.0]
     a.add({"requests_served": 10, "bytes_up": 0, "bytes_down": 0}, 700.0)
     assert len(a.points) == 1  # older than the window: dropped
+
+
+def test_the_chart_reads_clock_times_at_round_steps() -> None:
+    """It read "minutes ago" with ticks at -0.8, -0.6 ...: a person had to compute the time."""
+    start = time.mktime((2026, 5, 2, 14, 2, 7, 0, 0, -1))  # local time
+    minute = clock_ticks(start, start + 60)
+    assert [label for _, label in minute] == ["14:02:15", "14:02:30", "14:02:45", "14:03:00"]
+    ten = clock_ticks(start, start + 600)
+    assert [label for _, label in ten] == ["14:04", "14:06", "14:08", "14:10", "14:12"]
+    assert all(b - a == 120 for (a, _), (b, _) in itertools.pairwise(ten))
+    assert len(clock_ticks(start, start + 3 * 3600)) <= 5 and clock_ticks(start, start) == []
 
 
 def test_milestones_are_announced_once_each() -> None:

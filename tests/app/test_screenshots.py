@@ -4,6 +4,7 @@ docs/screenshots/ (shown in README.md) and checked here for what a reader must f
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -15,7 +16,10 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.controller import AppController
 from app.theme import apply_color_scheme
+from engine.node import CoordinatorApi
+from engine.p2p import Identity
 from engine.p2p.patches import pin_host_addresses
+from engine.trainer import sign_receipt
 from tests.integration.test_node_swarm import trainer_peer
 
 from .conftest import Coordinator
@@ -59,6 +63,25 @@ def test_wizard_pages(scheme: str, app_env: Path, make_controller: Callable[...,
     assert "Start contributing" in wiz.confirm.summary.text()
 
 
+async def credit_work(coordinator: Coordinator, host: str, uid: str, requests: int) -> None:
+    """Receipts for ``requests`` calls of 32 samples, signed by a trainer account's host, as the
+    trainer's ReceiptBook posts them."""
+    services = coordinator.running.services
+    identity = Identity.generate()
+    api = CoordinatorApi(coordinator.url)
+    try:
+        creds = await api.register("Lab")
+        await services.accounts.set_role("Lab", "trainer", by=None)
+        creds = await api.refresh(creds)  # a token that carries the role
+        await api.bind_host(creds, identity)
+        now = time.time()
+        receipts = [sign_receipt(identity, host, uid, 32, False, now) for _ in range(min(requests, 100))]
+        answer = await api.post_receipts(creds.token, receipts)
+        assert answer["accepted"] == len(receipts), answer
+    finally:
+        await api.close()
+
+
 def test_settings_and_status_with_real_activity(
     scheme: str,
     app_env: Path,
@@ -95,8 +118,24 @@ def test_settings_and_status_with_real_activity(
         coordinator.loop.run(peer.stop(), 15)
     wait_until(lambda: len(c.activity.points) >= 3, 20, "points on the chart")
     wait_until(lambda: (c.status or {}).get("requests_served", 0) > 0, 10, "requests counted")
+    # a trainer's receipts for that work credit the account; the window shows the coordinator's credit
+    # as soon as it is opened again (it said "0.0 (rank #1)", read before any receipt arrived)
+    coordinator.loop.run(credit_work(coordinator, node_id, uid, c.status["requests_served"]), 30)
+    c.show_status()
+    credit = c.status_window.fields["credit"]
+    wait_until(
+        lambda: re.fullmatch(r"[\d,]+\.\d \(rank #1\), read at \d\d:\d\d:\d\d", credit.text()), 20, "credit"
+    )
+    work = c.status_window.fields["work"].text()
+    assert work.startswith("Chosen: trainers called its"), work
     c.status_window.redraw()
     assert c.status_window.fields["served"].text().split(" ")[0] != "0"
+    axis = c.status_window.chart.getAxis("bottom")  # clock times at round steps, not "minutes ago"
+    (low, high), width = c.status_window.chart.viewRange()[0], axis.width() or 500
+    [(spacing, ticks)] = axis.tickValues(low, high, width)
+    labels = axis.tickStrings(ticks, 1.0, spacing)
+    assert len(labels) >= 2 and spacing in (10, 15, 30, 60, 120), (spacing, labels)
+    assert all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", label) for label in labels), labels
     save(c.status_window, f"status-{scheme}")
     c.show_settings()
     save(c.settings_window, f"settings-{scheme}")

@@ -106,3 +106,72 @@ async def test_usage_errors_are_sentences_with_status_2(server: Server, tmp_path
     assert "account_disabled" in said[-1]
     stored = TrainerCredentials(tmp_path, store_file).load(server.url)
     assert stored is not None and all(stored.token not in line for line in said)
+
+
+async def test_data_that_is_not_an_npz_of_numbers_is_a_sentence_with_status_2(
+    server: Server, tmp_path: Path
+) -> None:
+    """An empty file was an EOFError traceback; a text file was diagnosed as "pickled data" with
+    numpy's advice to allow_pickle, which would run a stranger's code: neither, ever again."""
+    import numpy as np
+
+    said: list[str] = []
+    store_file = tmp_path / "token.json"
+    _, code, _ = await grant_trainer(server.services.accounts, "ada", by=None)
+    await login_command(server.url, "ada", code, TrainerCredentials(tmp_path, store_file))
+    empty, text, objects, no_y = (tmp_path / n for n in ("empty.npz", "data.csv", "objects.npz", "x.npz"))
+    empty.write_bytes(b"")
+    text.write_text("0.1,0.2,0.3,1\n0.4,0.5,0.6,0\n")
+    np.savez(objects, x=np.array([{"a": 1}, None], dtype=object), y=np.array([0, 1]))
+    np.savez(no_y, x=np.zeros((4, 64), dtype=np.float32))
+    cut = tmp_path / "cut.npz"
+    cut.write_bytes(no_y.read_bytes()[:40])
+
+    def train(data: Path) -> int:
+        return run_train(
+            server.url, "ffn", steps=1, data=data, data_dir=tmp_path, token_file=store_file, say=said.append
+        )
+
+    for data, words in (
+        (empty, f"cannot read {empty}: the file is empty"),
+        (text, f"cannot read {text}: it is a text file, not an .npz with arrays x and y"),
+        (objects, f"cannot read {objects}: it holds Python objects rather than numbers"),
+        (no_y, f"{no_y} holds x, not the arrays x and y"),
+        (cut, f"cannot read {cut}: a damaged or cut-short .npz"),
+    ):
+        assert await asyncio.to_thread(train, data) == 2, said[-1]
+        assert said[-1].startswith(f"lah train: {words}"), said[-1]
+        assert "numpy.savez" in said[-1] or "cut-short" in said[-1]
+    assert not any("pickle" in line.lower() for line in said), said  # never an invitation to unpickle
+
+
+async def test_a_wrong_coordinator_url_is_unreachable_not_a_missing_login(
+    server: Server, tmp_path: Path
+) -> None:
+    said: list[str] = []
+    store_file = tmp_path / "token.json"
+    _, code, _ = await grant_trainer(server.services.accounts, "ada", by=None)
+    await login_command(server.url, "ada", code, TrainerCredentials(tmp_path, store_file))
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"http://127.0.0.1:{s.getsockname()[1]}"
+
+    def train(url: str) -> int:
+        return run_train(url, "ffn", steps=1, data_dir=tmp_path, token_file=store_file, say=said.append)
+
+    assert await asyncio.to_thread(train, closed) == 2
+    assert f"the coordinator at {closed} is unreachable" in said[-1] and "check --coordinator" in said[-1]
+    assert "lah train login" not in said[-1]
+    assert await asyncio.to_thread(train, server.url + "/elsewhere") == 2  # a web server, not a coordinator
+    assert "answers, but not as a Learning@home coordinator" in said[-1]
+
+
+async def test_a_grant_with_a_bad_lifetime_is_refused_before_anything_changes(server: Server) -> None:
+    from coordinator.accounts import InvalidName, NotFound
+
+    with pytest.raises(InvalidName):
+        await grant_trainer(server.services.accounts, "newcomer", by=None, ttl_s=0)
+    with pytest.raises(NotFound):  # it was refused before the account was made
+        await server.services.accounts.by_name("newcomer")

@@ -37,6 +37,10 @@ class FakeNode:
     def feed_idle(self, seconds: float, source: str) -> None:
         self.calls.append(f"idle {seconds} {source}")
 
+    def refresh_credit(self) -> dict[str, Any]:
+        self.calls.append("refresh_credit")
+        return {"reading": True, "credit_at": None}
+
     def shutdown(self) -> None:
         self.calls.append("shutdown")
 

@@ -14,6 +14,9 @@ Modules, bottom up:
   :mod:`coordinator.outage`: what lets N replicas share one PostgreSQL (dedicated connections for
   LISTEN and locks, database-clocked rate buckets, the leader of periodic jobs, 503 while it is away);
   :mod:`coordinator.services` composes them, and on SQLite uses the one-process versions.
+- :mod:`coordinator.progress`, :mod:`coordinator.api_progress`: trainers' evaluation reports of an
+  experiment's model (step, tokens, validation loss, a generated sample), stored bounded per trainer
+  account, and what the experiment's page reads of them (one curve per trainer, the newest sample).
 - :mod:`coordinator.app`: the aiohttp application that mounts the hub, and how to run it.
 
 It imports ``engine`` (shared wire schemas and identities) and never ``app``.

@@ -6,7 +6,8 @@ sizes from the coordinator's experiment config: no code travels) and a time afte
 assignment lapses unless the node asks again. Each expert comes with ``proof``: the coordinator's
 signature (base64) of ``engine.wire.statements.assignment_signed_bytes(host public key, uid,
 experiment, expires_at)``, which the host puts in its DHT declarations; ``coordinator_key`` (base64)
-is what trainers check those proofs against.
+is what trainers check those proofs against. ``part_of`` names the language model a grid is a layer
+of ("" for a classifier's grid): the tray app links the model's page on the site.
 
 What a node claims is checked against what a machine can have: ``memory_bytes`` at most
 ``MAX_MEMORY_BYTES`` for its device (more would win it the whole grid), an energy report at most
@@ -100,6 +101,7 @@ async def assignment(request: web.Request) -> web.StreamResponse:
             "spec": expert_spec(by_name[name]),
             "expires_at": expires,
             "proof": proof(name, uid),
+            "part_of": by_name[name].part_of,  # a language model's layer names its model (the app links it)
         }
         for name, uid in pairs
     ]

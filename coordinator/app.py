@@ -10,7 +10,7 @@ from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from . import api_accounts, api_collab, api_ledger, api_swarm, api_trainers, site
+from . import api_accounts, api_collab, api_ledger, api_progress, api_swarm, api_trainers, site
 from .config import CoordinatorConfig
 from .http import error_response
 from .outage import HEALTH_CHECKS, database_check, database_outage, run_checks
@@ -112,6 +112,7 @@ async def create_full_app(config: CoordinatorConfig, services: Services | None =
     api_swarm.setup_routes(app)
     api_collab.setup_routes(app)
     api_trainers.setup_routes(app)
+    api_progress.setup_routes(app)
     app.router.add_get("/api/updates", _updates)
     site.setup_routes(app)
     # Range sums every few minutes; daily dumps, written by a child process.

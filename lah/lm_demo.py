@@ -6,7 +6,9 @@ processes (:mod:`lah.local_volunteer`) host them; a trainer node in this process
 remote mixture blocks (:func:`engine.trainer.lm.remote_lm`), trains it on the corpus with
 :func:`engine.lm.train` (a batch that a layer could not serve at all is skipped and counted), prints
 validation loss every evaluation, and ends with a sample of generated text. The trainer signs
-receipts for every answered call, so the volunteers appear on the leaderboard.
+receipts for every answered call, so the volunteers appear on the leaderboard, and posts each
+evaluation (and, at the end, the sample) to the coordinator (:mod:`lah.lm_progress`), so the
+experiment's page (``/experiments/shakespeare``) draws its curve: no sample is generated for it.
 
 :func:`run_lm` is also the benchmark's (``benchmarks/lm_quality.py``): ``wrap_peer`` stands between the
 model's layers and the trainer's Peer (fault and latency injection).
@@ -31,16 +33,18 @@ from engine.trainer import TrainerNode
 from engine.trainer.lm import layer_config, mixtures, remote_lm
 
 from .demo import wait_for_experts
+from .lm_progress import ProgressPoster, model_sample
 from .local_swarm import LocalSwarm
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["LmRun", "call_counters", "lm_experiment", "run_lm", "sample_text"]
+__all__ = ["LmRun", "call_counters", "generate_text", "lm_experiment", "run_lm", "sample_text"]
 
 logger = logging.getLogger(__name__)
 SKIPPABLE = (ExpertCallFailed, NotEnoughExperts, TimeoutError)  # a step lost to the swarm, not the run
 EXPERIMENT = "shakespeare"
+NO_SAMPLE = "(no sample: pre-tokenized data has no tokenizer to decode one, or the swarm did not answer)"
 
 
 @dataclass
@@ -59,6 +63,8 @@ class LmRun:
     wall_s: float
     leaderboard_url: str = ""
     hosted: dict[str, int] = field(default_factory=dict)  # volunteer name -> experts hosted
+    experiment_url: str = ""  # the experiment's page: the curve and the sample the run posted
+    posted: int = 0  # evaluations the coordinator took
 
 
 def lm_experiment(lm: LmConfig, settings: TrainSettings, *, name: str = EXPERIMENT, digest: str = "") -> Any:
@@ -99,17 +105,23 @@ def call_counters(node: TrainerNode) -> CallCounters:
     )
 
 
+def generate_text(model: Any, corpus: Corpus, tokens: int = 200, prompt: str = "\n", seed: int = 0) -> str:
+    """``tokens`` sampled after ``prompt``, decoded (the corpus has a tokenizer); raises ``SKIPPABLE``."""
+    assert corpus.tokenizer is not None
+    ids = corpus.tokenizer.encode(prompt) or [0]
+    idx = torch.tensor([ids], dtype=torch.long)
+    out = model.generate(idx, tokens, generator=torch.Generator().manual_seed(seed))
+    return str(corpus.tokenizer.decode(out[0].tolist()))
+
+
 def sample_text(model: Any, corpus: Corpus, tokens: int = 200, prompt: str = "\n", seed: int = 0) -> str:
     """``tokens`` sampled after ``prompt`` (decoded), or a sentence saying why there is none."""
     if corpus.tokenizer is None:
         return "(pre-tokenized data: no tokenizer to decode a sample with)"
-    ids = corpus.tokenizer.encode(prompt) or [0]
-    idx = torch.tensor([ids], dtype=torch.long)
     try:
-        out = model.generate(idx, tokens, generator=torch.Generator().manual_seed(seed))
+        return generate_text(model, corpus, tokens, prompt, seed)
     except SKIPPABLE as e:
         return f"(no sample: the swarm did not answer: {e})"
-    return str(corpus.tokenizer.decode(out[0].tolist()))
 
 
 def run_lm(
@@ -157,6 +169,7 @@ def run_lm(
             model = remote_lm(peer, node.finder, swarm.loop, lm, EXPERIMENT, cfg, node.observe, settings.seed)
             log = CsvLog(csv) if csv is not None else None
             rows: list[Metrics] = []
+            poster = ProgressPoster(node.api, node.token, swarm.loop, EXPERIMENT)
             try:
                 for row in train(
                     model,
@@ -167,6 +180,7 @@ def run_lm(
                     counters=lambda: call_counters(node),
                 ):
                     rows.append(row)
+                    poster.post(row)  # in the background: the page's curve, no sample (it costs time)
                     c = row.calls
                     say(
                         f"step {row.step}: val loss {row.val_loss:.3f} (train {row.loss:.3f}), "
@@ -177,7 +191,11 @@ def run_lm(
                 if log is not None:
                     log.close()
             last = rows[-1]
-            sample = sample_text(model, corpus, sample_tokens) if sample_tokens else ""
+            made = model_sample(model, corpus, sample_tokens) if sample_tokens else None
+            if made is not None:
+                poster.post(last, made)  # the last evaluation again, with the run's sample: it replaces it
+            poster.flush()
+            sample = made if made is not None else (NO_SAMPLE if sample_tokens else "")
             swarm.loop.run(node.receipts.flush(), 30)
             time.sleep(0.5)
             board = swarm.loop.run(node.api.get("/api/leaderboard?kind=hosts&per_page=100"), 15)
@@ -190,6 +208,7 @@ def run_lm(
             served = {swarm.volunteer_ids.get(h, h): n for h, n in node.stats.served.items()}
             if linger > 0:
                 say(f"leaderboard: {swarm.url}/leaderboard (up for {linger:.0f} s)")
+                say(f"the experiment's page: {swarm.url}/experiments/{EXPERIMENT}")
                 time.sleep(linger)
             return LmRun(
                 rows=rows,
@@ -206,6 +225,8 @@ def run_lm(
                 wall_s=time.monotonic() - started,
                 leaderboard_url=f"{swarm.url}/leaderboard",
                 hosted={n: len(u) for n, u in swarm.hosted.items()},
+                experiment_url=f"{swarm.url}/experiments/{EXPERIMENT}",
+                posted=poster.sent,
             )
 
 

@@ -317,3 +317,24 @@ class SignalFrame(Base):
     replica_id: Mapped[str] = mapped_column(String(32), nullable=False, index=True)
     body: Mapped[str] = mapped_column(Text, nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+
+
+class ExperimentProgress(Base):
+    """One evaluation a trainer account reported for an experiment (``coordinator.progress``): a point
+    of its validation-loss curve on the experiment's page, and maybe the text its model generated then.
+
+    Bounded per (experiment, account): a trainer's rows always grow in ``train_tokens`` (a report at
+    or below earlier tokens replaces those), only the newest sample is kept, and a long history is
+    thinned to every other point, so the whole run stays in at most a few hundred rows."""
+
+    __tablename__ = "experiment_progress"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    experiment: Mapped[str] = mapped_column(String(NAME_MAX), nullable=False)
+    account_id: Mapped[int] = mapped_column(ForeignKey("accounts.id"), nullable=False, index=True)
+    step: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    train_tokens: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    val_loss: Mapped[float] = mapped_column(Float, nullable=False)
+    tokens_per_s: Mapped[float] = mapped_column(Float, nullable=False)
+    sample: Mapped[str | None] = mapped_column(Text, nullable=True)
+    reported_at: Mapped[float] = mapped_column(Float, nullable=False)  # unix time
+    __table_args__ = (Index("ix_experiment_progress_curve", "experiment", "account_id", "train_tokens"),)

@@ -6,12 +6,18 @@ Layers, bottom up (each imports only those above it in this list):
   ``exports`` (the dump files: atomic writes, listing): pure functions and queries, no HTTP.
 - ``queries``, ``subjects``, ``rank``: what the pages read (leaderboards, contributor, team, host,
   milestones, find-my-rank positions).
-- ``chart``: credit over time as inline SVG drawn on the server, with its one-sentence summary.
+- ``chart``: charts as inline SVG drawn on the server: credit over time (with its one-sentence
+  summary), and lines over a numeric axis (an experiment's validation loss per trainer).
 - ``collab``: collaborative training's panel on ``/swarm``, the Trainers tab
   (``/leaderboard?kind=trainers``) and trainers' training samples, through ``coordinator.collab_status``
   and ``coordinator.training``; it uses ``routes``' helpers, which import it inside their handlers.
+- ``experiments``: ``/experiments`` and ``/experiments/{name}`` (each trainer's validation-loss curve,
+  the newest generated sample as text, the model's shape and the hosts serving each grid now, through
+  ``coordinator.progress``) and their JSON twins ``/api/site/experiments[/{name}]``; it uses ``routes``'
+  helpers, which import it inside ``setup_routes``.
 - ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard`` (``range=`` day/week/month),
-  ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/`` and, through ``pages``,
+  ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/``, through ``experiments`` the
+  experiments' pages, and, through ``pages``,
   ``/search``, ``/rank``, ``/teams/{id}``, ``/hosts/{peer_id}``, ``/exports`` and ``/exports/{file}``;
   it validates every parameter (bad ones get a 400 page), renders Jinja2 templates with autoescaping
   on, gzips pages, caches versioned static files, and answers unknown addresses and failures with the

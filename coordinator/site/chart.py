@@ -1,15 +1,20 @@
-"""Credit over time as inline SVG, drawn on the server: the chart needs no JavaScript and no library.
+"""Charts as inline SVG, drawn on the server: they need no JavaScript and no library. Credit over time
+(``credit_chart``: a subject page's daily credit) and lines over a numeric axis (``line_chart``: an
+experiment's validation loss per trainer over training tokens) share the frame, the round ticks and
+the stylesheet's classes.
 
-Only numbers and dates go into the markup (never a user's text), and it is built from fixed
-templates, so the result is safe to mark up as-is. The SVG scales with its card; on narrow screens the
-stylesheet enlarges its text and hides every other date (``minor``). What it shows is also in words
-(``chart_summary``) and in a table the page puts beside it, for screen readers and keyboards.
+Only numbers and dates go into the markup (never a user's text: a line's name is in the page's legend,
+outside the SVG), and it is built from fixed templates, so the result is safe to mark up as-is. The SVG
+scales with its card; on narrow screens the stylesheet enlarges its text and hides every other x label
+(``minor``). What it shows is also in words (a summary) and in a table the page puts beside it, for
+screen readers and keyboards; lines differ in dash pattern as well as colour (``s0`` ... ``s5``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -21,6 +26,7 @@ from .queries import CreditPoint
 WIDTH = 760
 HEIGHT = 260
 LEFT, RIGHT, TOP, BOTTOM = 76, 24, 20, 44
+SERIES_STYLES = 6  # line classes s0..s5 in the stylesheet; more lines reuse them
 
 
 def nice_step(span: float, ticks: int = 4) -> float:
@@ -63,17 +69,7 @@ def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> 
     def y(v: float) -> float:
         return TOP + plot_h * (1.0 - v / top_value)
 
-    parts: list[str] = [
-        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
-        f'aria-labelledby="chart-title" xmlns="http://www.w3.org/2000/svg">',
-        f'<title id="chart-title">{escape(title)}</title>',
-    ]
-    ticks = round(top_value / step)
-    for k in range(ticks + 1):
-        v = k * step
-        yy = y(v)
-        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
-        parts.append(f'<text class="ylabel" x="{LEFT - 8}" y="{yy + 4:.1f}">{short_number(v)}</text>')
+    parts = _frame(title, "chart-title") + _y_grid(0.0, top_value, step, y)
     base = TOP + plot_h
     label_every = max(1, math.ceil(n / 6))
     for j, i in enumerate(range(n - 1, -1, -label_every)):  # anchored on today, the most useful date
@@ -100,6 +96,79 @@ def credit_chart(points: Sequence[CreditPoint], title: str = "Daily credit") -> 
             f'<rect class="hover" x="{left:.1f}" y="{TOP}" width="{right - left:.1f}" height="{plot_h}">'
             f"<title>{day_label(p.day, '%Y-%m-%d')}: {p.credit:,.1f}</title></rect>"
         )
+    parts.append("</svg>")
+    return Markup("".join(parts))
+
+
+def _frame(title: str, title_id: str) -> list[str]:
+    return [
+        f'<svg class="chart" viewBox="0 0 {WIDTH} {HEIGHT}" role="img" '
+        f'aria-labelledby="{escape(title_id)}" xmlns="http://www.w3.org/2000/svg">',
+        f'<title id="{escape(title_id)}">{escape(title)}</title>',
+    ]
+
+
+def _y_grid(lo: float, top: float, step: float, y: Callable[[float], float]) -> list[str]:
+    """Horizontal grid lines with their labels, every ``step`` from ``lo`` to ``top``."""
+    parts = []
+    for k in range(round((top - lo) / step) + 1):
+        v = round(lo + k * step, 10)  # 0.1 + 0.2 is not 0.3: the label says 0.3
+        yy = y(v)
+        parts.append(f'<line class="grid" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{yy:.1f}" y2="{yy:.1f}"/>')
+        parts.append(f'<text class="ylabel" x="{LEFT - 8}" y="{yy + 4:.1f}">{short_number(v)}</text>')
+    return parts
+
+
+@dataclass(frozen=True)
+class LinePoint:
+    x: float
+    y: float
+    note: str  # the point's tooltip, made of numbers by the caller (escaped all the same)
+
+
+def line_chart(series: Sequence[Sequence[LinePoint]], title: str, title_id: str = "chart-title") -> Markup:
+    """One line per series (points in ``x`` order), each with a marker per point that carries its
+    tooltip: x from 0 (training starts there) to a round value past the last point, y over the
+    points' range rounded out to whole ticks (a loss curve's shape, not its distance from zero)."""
+    points = [p for s in series for p in s]
+    if not points:
+        return Markup("")
+    plot_w = WIDTH - LEFT - RIGHT
+    plot_h = HEIGHT - TOP - BOTTOM
+    x_step = nice_step(max(p.x for p in points), 5)
+    x_top = x_step * max(1, math.ceil(max(p.x for p in points) / x_step))
+    lo, hi = min(p.y for p in points), max(p.y for p in points)
+    y_step = nice_step(hi - lo if hi > lo else max(abs(hi) * 0.1, 0.1))
+    y_lo = y_step * math.floor(lo / y_step)
+    y_top = max(y_step * math.ceil(hi / y_step), y_lo + y_step)
+
+    def x(v: float) -> float:
+        return LEFT + plot_w * v / x_top
+
+    def y(v: float) -> float:
+        return TOP + plot_h * (1.0 - (v - y_lo) / (y_top - y_lo))
+
+    parts = _frame(title, title_id) + _y_grid(y_lo, y_top, y_step, y)
+    base = TOP + plot_h
+    ticks = round(x_top / x_step)
+    for k in range(ticks + 1):
+        xx = x(k * x_step)
+        parts.append(f'<line class="tick" x1="{xx:.1f}" x2="{xx:.1f}" y1="{base}" y2="{base + 5}"/>')
+        cls = " minor" if k % 2 else ""
+        cls += " last" if k == ticks else ""
+        parts.append(
+            f'<text class="xlabel{cls}" x="{xx:.1f}" y="{HEIGHT - 10}">{short_number(k * x_step)}</text>'
+        )
+    parts.append(f'<line class="axis" x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{base}" y2="{base}"/>')
+    for i, line in enumerate(series):
+        style = f"s{i % SERIES_STYLES}"
+        coords = " ".join(f"{x(p.x):.1f},{y(p.y):.1f}" for p in line)
+        parts.append(f'<polyline class="line {style}" points="{coords}"/>')
+        for p in line:
+            parts.append(
+                f'<circle class="dot {style}" cx="{x(p.x):.1f}" cy="{y(p.y):.1f}" r="4">'
+                f"<title>{escape(p.note)}</title></circle>"
+            )
     parts.append("</svg>")
     return Markup("".join(parts))
 

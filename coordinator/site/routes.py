@@ -115,7 +115,8 @@ def setup_routes(
     clock: Callable[[], float] = time.time,
     get_exports_dir: ExportsGetter = services_exports_dir,
 ) -> None:
-    """Add the pages, ``/api/site/swarm``, ``/exports/`` and ``/static/`` to ``app``, and the site's own
+    """Add the pages, ``/api/site/swarm``, ``/api/site/experiments``, ``/exports/`` and ``/static/`` to
+    ``app``, and the site's own
     404 and error pages for every address outside ``/api/`` and ``/ws/``.
 
     The leaderboard's and contributors' JSON is ``coordinator.api_ledger``'s (``/api/leaderboard``,
@@ -125,7 +126,7 @@ def setup_routes(
     The accessors are called per request with the app, so these may be put on the app after this
     (at startup); tests pass their own.
     """
-    from . import pages  # its handlers use this module's helpers
+    from . import experiments, pages  # their handlers use this module's helpers
 
     app[SITE] = SiteContext(
         get_sessions, get_config, get_online, make_env(), per_page, clock, get_exports_dir
@@ -142,6 +143,10 @@ def setup_routes(
     r.add_get("/exports/{name}", pages.export_file, name="site.export_file")
     r.add_get("/swarm", swarm_page, name="site.swarm")
     r.add_get("/api/site/swarm", swarm_api, name="site.api.swarm")
+    r.add_get("/experiments", experiments.experiments_page, name="site.experiments")
+    r.add_get("/experiments/{name}", experiments.experiment_page, name="site.experiment")
+    r.add_get("/api/site/experiments", experiments.experiments_api, name="site.api.experiments")
+    r.add_get("/api/site/experiments/{name}", experiments.experiment_api, name="site.api.experiment")
     r.add_static("/static/", STATIC_DIR, name="site.static", append_version=True)
     app.middlewares.append(site_errors)
     app.on_response_prepare.append(_cache_static)
@@ -430,12 +435,14 @@ async def swarm_page(request: web.Request) -> web.Response:
 
     swarm = await _load_swarm(request)
     grids = [grid_view(e) for e in swarm.experiments]
+    config = request.app[SITE].get_config(request.app)
     return render(
         request,
         "swarm.html",
         nav="swarm",
         swarm=swarm,
         experiments=list(zip(swarm.experiments, grids, strict=True)),
+        experiment_of={g.name: g.part_of or g.name for g in config.grids},  # a layer's page is its model's
         collaborations=await collab_panel(request),
         **panel_context(),
     )

@@ -6,12 +6,17 @@ and ``engine.resources``; never Qt, ``app/`` or ``coordinator/``)::
     errors           the exception tree below
     tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
     coordinator_api  the coordinator's HTTP API, the engine's one client of it (accounts, host binding,
-                     token refresh, assignment with its proofs, energy; the trainer's receipts and
-                     spot checks too)
+                     token refresh, assignment with its proofs, energy; the trainer's receipts,
+                     spot checks and evaluations for the experiment's page too)
+    trainer_tokens   TrainerCredentials: a trainer's token (``lah train login``), which ``lah train``
+                     and ``engine.swarm`` read; the trainer's default data dir
     memory           the memory budget offered to the coordinator; process RSS
     gate             WorkGate: one switch in front of moe.forward/backward ("unavailable" when closed)
     hosting          Hosting: the ExpertServer of the current assignment; release/restore memory
-    lock             InstanceLock: one node per user (lock file with the PID, stale-lock detection)
+    lock             InstanceLock: one node per home (lock file with the PID, stale-lock detection)
+    home             NodeHome: where one node keeps its lock, settings, identity, token and log
+                     (today's per-user folders, or everything in ``--data-dir``)
+    participation    assigned / reachable / chosen: why a node got no work, in plain words
     status           the status dict (keys documented there)
     volunteer        Volunteer: start/stop, upkeep (re-assign, re-declare, re-bootstrap), WorkHooks
     join             join_local(): fresh identity + account + start, for local swarms and demos
@@ -21,7 +26,7 @@ Exceptions::
     NodeError
     ├── CoordinatorError        the coordinator answered with an error (``status``, ``code``)
     ├── CoordinatorUnreachable  no answer from the coordinator (after the start retries, too)
-    └── AlreadyRunning          another node of this user holds the instance lock (``pid``)
+    └── AlreadyRunning          another node of this home holds the instance lock (``pid``)
 """
 
 from importlib import import_module
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 # the tray app can use the token stores in a process that never imports torch (nor aiohttp, ~26 MiB,
 # after its first run).
 from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
+from .home import NodeHome
 from .lock import InstanceLock
 from .tokens import Credentials, FileTokenStore, KeyringTokenStore, MemoryTokenStore, TokenStore
 
@@ -64,6 +70,7 @@ def __getattr__(name: str) -> Any:
         return getattr(import_module(f".{_LAZY[name]}", __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
 __all__ = [
     "STATUS_KEYS",
     "UNAVAILABLE",
@@ -80,6 +87,7 @@ __all__ = [
     "KeyringTokenStore",
     "MemoryTokenStore",
     "NodeError",
+    "NodeHome",
     "TokenStore",
     "Volunteer",
     "WorkGate",

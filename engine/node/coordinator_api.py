@@ -1,6 +1,6 @@
 """The coordinator's HTTP API, the engine's one client of it: the node's accounts, host binding, token
 refresh, assignments and energy, and the trainer's login, experiment, bootstrap peers, receipts, spot
-checks and collaboration status.
+checks, collaboration status and evaluations (``progress_report`` builds one: the experiment's page).
 
 Every request has a finite timeout. Failures become :class:`CoordinatorUnreachable` (no answer) or
 :class:`CoordinatorError` (an answer with an error code). The engine does not import ``coordinator``;
@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import binascii
+import math
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,6 +26,11 @@ if TYPE_CHECKING:  # the tray app registers through this module without loading 
     from engine.p2p import Identity
 
 
+#: The coordinator's limit on an evaluation's sample (``coordinator.progress.MAX_SAMPLE_BYTES``).
+PROGRESS_SAMPLE_BYTES = 4096
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # what the coordinator refuses in a sample
+
+
 @dataclass(frozen=True)
 class AssignedExpert:
     experiment: str
@@ -31,6 +38,7 @@ class AssignedExpert:
     spec: ExpertSpec
     expires_at: float
     proof: bytes = b""  # the coordinator's signature of the assignment statement (DHT declarations)
+    part_of: str = ""  # the language model this grid is a layer of ("" for a classifier's grid)
 
 
 @dataclass(frozen=True)
@@ -56,6 +64,7 @@ def parse_assignment(raw: Any) -> Assignment:
                 ExpertSpec.from_fields({"hidden": 0, "heads": 1, "seq_len": 0, **e["spec"]}),
                 float(e["expires_at"]),
                 base64.b64decode(e.get("proof", ""), validate=True),
+                str(e.get("part_of", "")),
             )
             for e in raw["experts"]
         )
@@ -67,6 +76,26 @@ def parse_assignment(raw: Any) -> Assignment:
         )
     except (KeyError, TypeError, ValueError, binascii.Error) as e:
         raise CoordinatorError(200, "bad_reply", f"unexpected assignment reply: {e}") from e
+
+
+def progress_report(
+    step: int, train_tokens: int, val_loss: float | None, tokens_per_s: float, sample: str | None = None
+) -> dict[str, Any] | None:
+    """The body of :meth:`CoordinatorApi.post_progress`, or None for an evaluation with no finite loss
+    (every batch of it lost to the swarm): nothing to draw. The sample is made acceptable rather than
+    refused: control characters become U+FFFD, and it is cut to ``PROGRESS_SAMPLE_BYTES`` of UTF-8."""
+    if val_loss is None or not math.isfinite(val_loss):
+        return None
+    body: dict[str, Any] = {
+        "step": step,
+        "train_tokens": train_tokens,
+        "val_loss": val_loss,
+        "tokens_per_s": tokens_per_s if math.isfinite(tokens_per_s) and tokens_per_s > 0 else 0.0,
+    }
+    if sample:
+        clean = _CONTROL.sub("\ufffd", sample).encode("utf-8", "replace")
+        body["sample"] = clean[:PROGRESS_SAMPLE_BYTES].decode("utf-8", "ignore")  # no half character
+    return body
 
 
 class CoordinatorApi:
@@ -193,4 +222,13 @@ class CoordinatorApi:
     async def post_collab_status(self, token: str, report: dict[str, Any]) -> dict[str, Any]:
         """A collaborative trainer's status report (a trainer account's token): the coordinator's answer."""
         answer: dict[str, Any] = await self._post("/api/collab/status", report, token)
+        return answer
+
+    async def post_progress(self, token: str, experiment: str, report: dict[str, Any]) -> dict[str, Any]:
+        """One evaluation of ``experiment``'s model (a trainer account's token; ``progress_report``
+        builds the body): a point of this trainer's curve on the experiment's page."""
+        from urllib.parse import quote
+
+        path = f"/api/experiments/{quote(experiment, safe='')}/progress"
+        answer: dict[str, Any] = await self._post(path, report, token)
         return answer

@@ -5,11 +5,16 @@ Keys (stable; new ones may be added)::
     state, reason_code, reason   the governor's state and its human reason ("running" without a governor)
     peer_id, account_id, coordinator, device
     experts                      hosted uids;  accepting: whether new work is taken now
+    lm_experiments               the language models whose layers' experts it hosts (the site has a page
+                                 for each: ``<coordinator>/experiments/<name>``)
     requests_served, requests_refused, in_flight
     bytes_up, bytes_down         over the open links
     transport                    the links' SCTP senders summed: retransmissions, recoveries, RTO expiries,
                                  srtt median and worst, cwnd, controllers (see engine.p2p.ice_stats)
-    credit, rank                 None until the coordinator reports them
+    credit, rank                 None until the coordinator reports them (rank: 1 = first)
+    credit_at, credit_error      when the credit was last read (unix time), why the last read failed
+    participation                assigned / reachable / chosen and a summary in plain words, for a
+                                 node that serves nothing (see engine.node.participation)
     energy_kwh                   the governor's estimate (None without one)
     dht_peers, signaling_joins, assignment_expires_in
     errors                       the most recent errors, newest last: [{time, message}]
@@ -21,6 +26,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine.p2p.ice_stats import summarize_transport, transport_stats
+
+from .participation import Participation
 
 if TYPE_CHECKING:
     from .volunteer import Volunteer
@@ -34,6 +41,7 @@ STATUS_KEYS = (
     "coordinator",
     "device",
     "experts",
+    "lm_experiments",
     "accepting",
     "requests_served",
     "requests_refused",
@@ -43,12 +51,22 @@ STATUS_KEYS = (
     "transport",
     "credit",
     "rank",
+    "credit_at",
+    "credit_error",
+    "participation",
     "energy_kwh",
     "dht_peers",
     "signaling_joins",
     "assignment_expires_in",
     "errors",
 )
+
+
+def lm_experiments(v: Volunteer) -> list[str]:
+    """The models (``part_of`` of the assignment) of the experts this node hosts now, sorted."""
+    hosted = set(v.hosted_uids)
+    experts = v.assignment.experts if v.assignment is not None else ()
+    return sorted({e.part_of for e in experts if e.part_of and e.uid in hosted})
 
 
 def build_status(v: Volunteer) -> dict[str, Any]:
@@ -68,6 +86,15 @@ def build_status(v: Volunteer) -> dict[str, Any]:
     if v.assignment is not None:
         expires = max(0.0, v.assignment_at + v.assignment.ttl_s - time.time())
     meter = v.governor.energy if v.governor is not None else None
+    seen = Participation(
+        started=v.started,
+        assignment_known=v.assignment is not None,
+        experts=len(v.hosted_uids),
+        links_in=v.peer.links_in,
+        links_out=v.peer.links_out,
+        served=v.gate.served,
+        refused=v.gate.refused,
+    )
     return {
         "state": state,
         "reason_code": code,
@@ -77,6 +104,7 @@ def build_status(v: Volunteer) -> dict[str, Any]:
         "coordinator": v.coordinator_url,
         "device": str(v.device),
         "experts": v.hosted_uids,
+        "lm_experiments": lm_experiments(v),
         "accepting": v.gate.open,
         "requests_served": v.hosting.requests_served(),
         "requests_refused": v.gate.refused,
@@ -86,6 +114,9 @@ def build_status(v: Volunteer) -> dict[str, Any]:
         "transport": summarize_transport([transport_stats(lk.pc) for lk in links]),
         "credit": v.credit,
         "rank": v.rank,
+        "credit_at": v.credit_at,
+        "credit_error": v.credit_error,
+        "participation": seen.to_json(),
         "energy_kwh": meter.totals.kwh if meter is not None else None,
         "dht_peers": len(v.dht.table) if v.dht is not None else 0,
         "signaling_joins": v.peer.signaling.joins,

@@ -15,6 +15,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from coordinator.accounts import NotFound
 from coordinator.app import create_full_app
 from coordinator.config import DenseModel, ExperimentConfig, load_config
 from coordinator.services import Services, open_services
@@ -278,6 +279,9 @@ def test_lah_coordinator_grant_trainer_prints_a_code_that_logs_in(
     found = re.search(r"grace is a trainer; login code (\S+) .* --code=(\S+)$", out.strip())
     assert found is not None and found[1] == found[2], out
     code = found[1]
+    # when it lapses as a date and time (not a unix time), and a command that reaches this coordinator
+    assert re.search(r"valid until \d{4}-\d\d-\d\d \d\d:\d\d UTC", out), out
+    assert "lah train login --coordinator http://127.0.0.1:8470 --name grace --code=" in out
 
     async def log_in() -> None:
         services = await open_services(load_config(config_path))
@@ -290,3 +294,42 @@ def test_lah_coordinator_grant_trainer_prints_a_code_that_logs_in(
             assert services.tokens.decode((await r.json())["token"]).role == "trainer"
 
     asyncio.run(log_in())
+
+
+def test_lah_coordinator_refuses_bad_input_with_a_sentence_and_changes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_path = tmp_path / "coordinator.toml"
+    config_path.write_text(
+        f'database_url = "sqlite+aiosqlite:///{tmp_path / "c.sqlite3"}"\n'
+        f'token_key_path = "{tmp_path / "token.key"}"\n'
+        "verify_workers = 0\n"
+    )
+    base = ["coordinator", "--config", str(config_path)]
+    for days in ("0", "-1", "400", "soon"):  # --ttl-days 0 was an InvalidName traceback
+        with pytest.raises(SystemExit) as exited:
+            lah_main([*base, "grant-trainer", "grace", "--ttl-days", days])
+        err = capsys.readouterr().err
+        assert exited.value.code == 2 and "argument --ttl-days" in err and "Traceback" not in err, err
+    assert "more than 0 and at most 366 days, not 0" in _last_error(capsys, base, "invite", "0")
+    assert lah_main([*base, "grant-trainer", " grace"]) == 2  # a name the coordinator refuses
+    err = capsys.readouterr().err
+    assert err.startswith("lah coordinator grant-trainer: ") and "whitespace" in err
+
+    async def grace_exists() -> bool:
+        services = await open_services(load_config(config_path))
+        try:
+            await services.accounts.by_name("grace")
+            return True
+        except NotFound:
+            return False
+        finally:
+            await services.close()
+
+    assert not asyncio.run(grace_exists())  # no account was made on the way to a refusal
+
+
+def _last_error(capsys: pytest.CaptureFixture[str], base: list[str], action: str, days: str) -> str:
+    with pytest.raises(SystemExit):
+        lah_main([*base, action, "grace", "--ttl-days", days])
+    return capsys.readouterr().err

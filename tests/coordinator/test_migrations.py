@@ -37,7 +37,7 @@ async def _check(url: str, search_path: str | None = None) -> None:
             assert await conn.run_sync(_diff) == []
             assert await conn.run_sync(_tables) == set(Base.metadata.tables) | {"alembic_version"}
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
-            assert version == "0007"  # the newest revision
+            assert version == "0008"  # the newest revision
         await downgrade(url, search_path=search_path)
         async with engine.connect() as conn:
             assert await conn.run_sync(_tables) == {"alembic_version"}

@@ -8,10 +8,12 @@ checkpoint, and refuses a tokenizer or vocabulary that is not the experiment's, 
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -49,6 +51,8 @@ def test_a_language_model_trains_through_volunteer_processes(tmp_path: Path) -> 
     assert all(run.host_credit[name] > 0 for name in run.served), run.host_credit
     assert set(run.cpu_s) == {"trainer_process", "volunteer-0", "volunteer-1"}
     assert len(run.sample) > 20 and set(run.sample) <= set(corpus.tokenizer.decode(range(corpus.vocab_size)))  # type: ignore[union-attr]
+    assert run.posted == 3  # both evaluations for the experiment's page, then the last with the sample
+    assert run.experiment_url.endswith("/experiments/shakespeare")
     with (tmp_path / "m.csv").open() as f:
         rows = list(csv.DictReader(f))
     assert [int(r["step"]) for r in rows] == [20, 40]
@@ -87,6 +91,12 @@ def test_lah_train_trains_checkpoints_resumes_and_refuses_other_tokens(tmp_path:
         assert "resumed at step 100" in again.stdout and "step 200: loss" in again.stdout, again.stdout
         with (folder / "metrics.csv").open() as f:
             assert [int(r["step"]) for r in csv.DictReader(f)] == [100, 200]
+        # Each evaluation reached the experiment's page, with what the model wrote at the last one.
+        with urllib.request.urlopen(f"{swarm.url}/api/site/experiments/tiny", timeout=15) as r:
+            page = json.load(r)
+        (curve,) = page["curves"]
+        assert curve["account_name"] == "alice" and [p["step"] for p in curve["points"]] == [100, 200]
+        assert page["sample"]["step"] == 200 and len(page["sample"]["text"]) > 100, page["sample"]
 
         # Another tokenizer (a character set the experiment did not fix): refused, nothing trained.
         other = tmp_path / "other.json"

@@ -32,6 +32,7 @@ from coordinator.site import exports, ranges, setup_routes
 
 from .seed import LONG_NAME, NOW, seed_realistic
 from .seed_collab import COLLAB_EXPERIMENTS, seed_collab
+from .seed_progress import SEED_LM, seed_progress
 from .test_pages_browser import CHROMIUM, CHROMIUM_ARGS, LAUNCH_TIMEOUT_MS, SCREENSHOTS, TIMEOUT_MS
 
 AXE = Path(__file__).resolve().parent / "node_modules" / "axe-core" / "axe.min.js"
@@ -48,14 +49,14 @@ async def site(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
     await create_all(engine)
     sessions = session_factory(engine)
     ids = await seed_realistic(sessions)
-    await seed_collab(sessions)
+    await seed_progress(sessions, await seed_collab(sessions))
     await ranges.refresh(sessions, NOW)
     dumps = tmp_path / "exports"
     await exports.write_dumps(sessions, dumps, NOW)
     async with sessions() as s:
         host = (await s.execute(Host.__table__.select().order_by(Host.credit_total.desc()).limit(1))).first()
     assert host is not None
-    config = CoordinatorConfig(experiments=COLLAB_EXPERIMENTS)
+    config = CoordinatorConfig(experiments=[*COLLAB_EXPERIMENTS, SEED_LM])
     app = web.Application()
     setup_routes(
         app,
@@ -83,6 +84,8 @@ async def site(tmp_path: Path) -> AsyncIterator[tuple[str, dict[str, str]]]:
         "search": "/search?q=a&in=users",
         "search-empty": "/search",
         "swarm": "/swarm",
+        "experiments": "/experiments",
+        "experiment": f"/experiments/{SEED_LM.name}",
         "exports": "/exports",
         "not-found": "/no/such/page",
         "bad-request": "/leaderboard?sort=bogus",
@@ -122,7 +125,7 @@ async def audit(page: Any) -> list[dict[str, Any]]:
     ]
 
 
-@pytest.mark.timeout(600)  # 15 pages, each loaded, measured, audited and photographed, on a shared box
+@pytest.mark.timeout(600)  # 17 pages, each loaded, measured, audited and photographed, on a shared box
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("viewport", list(VIEWPORTS))
 async def test_every_page_type_passes_axe_and_fits(

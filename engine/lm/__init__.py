@@ -2,7 +2,8 @@
 
 Layers, bottom up (each imports only those below it, and engine.moe for its experts)::
 
-    errors.py      the exception tree (LmError: DataError, TokenizerMismatch, ConfigError, LossNotFinite)
+    errors.py      the exception tree (LmError: DataError, TokenizerMismatch, ConfigError, ModelFileError,
+                   LossNotFinite)
     tokenizer.py   characters, bytes, or BPE (``tokenizers``): plain data with a sha256 an experiment names
     saved_dataset.py  a folder the optional ``datasets`` library saved (load_from_disk, offline): text
     corpus.py      --data: a text file or folder, nanoGPT's train.bin/val.bin (memory-mapped), a saved
@@ -11,6 +12,8 @@ Layers, bottom up (each imports only those below it, and engine.moe for its expe
     model.py       LmConfig and LanguageModel: a GPT whose mixture blocks route every token through any
                    [tokens, dim] module (remote volunteers or LocalMixtureOfExperts), tied head, generate()
     loop.py        the training loop: evaluation, metrics rows (CSV), a stop at the first non-finite loss
+    model_file.py  one safetensors file holding a whole model (dense part, every expert, config,
+                   tokenizer): ``lah export`` writes it, a local model loads it after checking every tensor
 
 A researcher's own model uses :class:`~engine.moe.RemoteMixtureOfExperts` the same way
 :class:`LanguageModel` does: as an ``nn.Module`` over ``[tokens, dim]``.
@@ -19,7 +22,7 @@ A researcher's own model uses :class:`~engine.moe.RemoteMixtureOfExperts` the sa
 from __future__ import annotations
 
 from .corpus import DEFAULT_CORPUS, TRAIN_FRACTION, Corpus, open_corpus, read_text
-from .errors import ConfigError, DataError, LmError, LossNotFinite, TokenizerMismatch
+from .errors import ConfigError, DataError, LmError, LossNotFinite, ModelFileError, TokenizerMismatch
 from .loop import CallCounters, CsvLog, Metrics, TrainSettings, evaluate, train
 from .model import LanguageModel, LmConfig, grid_name
 from .tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, check_same
@@ -40,6 +43,7 @@ __all__ = [
     "LmError",
     "LossNotFinite",
     "Metrics",
+    "ModelFileError",
     "Tokenizer",
     "TokenizerMismatch",
     "TrainSettings",

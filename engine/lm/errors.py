@@ -5,6 +5,8 @@
     │                        beyond the vocabulary); the message names the file and what to do
     ├── TokenizerMismatch    a tokenizer that differs from the experiment's (by its sha256)
     ├── ConfigError          a model whose sizes do not fit together or do not match the experiment's
+    ├── ModelFileError       a model file (``lah export``'s) that cannot be read, whose tensors do not
+    │                        fit its config, whose experts' digests differ, or that lacks its tokenizer
     └── LossNotFinite        the loss became NaN or inf at a step; the last good checkpoint is kept
 
 Every one is the researcher's to fix, so the command line turns each into a sentence and exit status 2.
@@ -26,6 +28,10 @@ class TokenizerMismatch(LmError):
 
 
 class ConfigError(LmError):
+    pass
+
+
+class ModelFileError(LmError):
     pass
 
 

@@ -12,11 +12,15 @@ Every evaluation appends a metrics row to ``<data-dir>/lm-<experiment>/metrics.c
 under ``tensorboard/`` where ``torch.utils.tensorboard`` imports) and writes a checkpoint of the dense part
 and its optimizer there (atomic, the newest three kept); ``--resume`` continues from the newest one. A
 loss that is not finite stops at that step; a checkpoint that cannot be written (a full disk) stops
-too; both keep every checkpoint already written.
+too; both keep every checkpoint already written. Every evaluation is also posted to the coordinator with
+a sample of ``SAMPLE_TOKENS`` generated there and then (:mod:`lah.lm_progress`), in the background: the
+experiment's page (``<coordinator>/experiments/<name>``) draws this trainer's curve; a coordinator that
+does not take it costs a warning, never a step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -25,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LmExperiment", "lm_of", "open_lm_data", "train_language_model"]
+__all__ = ["Collaboration", "LmExperiment", "data_seed", "lm_of", "open_lm_data", "train_language_model"]
 
 logger = logging.getLogger(__name__)
 CHECKPOINTS_KEPT = 3
+SAMPLE_TOKENS = 200  # of generated text with each evaluation posted (the experiment's page shows it)
 
 
 class LmTrainError(Exception):
@@ -44,6 +49,55 @@ class LmExperiment:
     tokenizer_digest: str
     corpus: str
     grids: list[str]
+
+
+def data_seed(peer_id: str) -> int:
+    """Which windows this trainer draws: its own, so that trainers of one collaboration do not all
+    compute gradients on the same text, and the same after ``--resume`` (the identity is kept)."""
+    return int.from_bytes(hashlib.sha256(peer_id.encode()).digest()[:4], "little")
+
+
+class Collaboration:
+    """The loop's ``apply`` when the experiment sets a target batch size: each batch's gradients go to
+    the collaborative optimizer, which steps once the trainers together reach the target. As the
+    digits trainer does, a step that fails (a peer gone mid-round, the DHT slow) is logged and its
+    gradients stay for the next batch; ``stop`` is set at the collaboration's step ``stop_at``
+    (``--steps`` counts the dense model's steps, the trainers' common clock)."""
+
+    def __init__(
+        self, collab: Any, loop: Any, timeout_s: float, *, stop_at: int | None, stop: threading.Event
+    ) -> None:
+        self.collab, self.loop, self.timeout_s = collab, loop, timeout_s
+        self.stop_at, self.stop = stop_at, stop
+        self.steps: list[tuple[int, int]] = []  # (epoch, group size) of each step this trainer took
+        self.failures = 0
+
+    def __call__(self, windows: int) -> None:
+        from engine.collab import CollabError
+        from engine.dht import DHTError
+
+        try:
+            report = self.loop.run(self.collab.step(windows), self.timeout_s)
+        except (CollabError, DHTError, TimeoutError) as e:
+            self.failures += 1
+            logger.warning("a collaborative step failed (its gradients wait for the next): %s", e)
+            report = None
+        if report is not None and report.samples > 0:
+            self.steps.append((report.epoch, report.group_size))
+        if self.stop_at is not None and self.collab.epoch >= self.stop_at:
+            self.stop.set()
+
+    def describe(self) -> str:
+        """The evaluation line's prefix: the collaboration's step and the last group's size."""
+        group = self.steps[-1][1] if self.steps else 0
+        return f"collaborative step {self.collab.epoch} (last group {group}), "
+
+    def summary(self) -> str:
+        sizes = sorted({size for _, size in self.steps})
+        return (
+            f"collaboration: at its step {self.collab.epoch}; this trainer took {len(self.steps)} steps "
+            f"(groups of {', '.join(map(str, sizes)) or '-'}), {self.failures} failed and retried"
+        )
 
 
 def lm_of(experiment: dict[str, Any]) -> LmExperiment:
@@ -140,18 +194,20 @@ def train_language_model(
     from engine.trainer.lm import remote_lm
 
     from .lm_demo import SKIPPABLE, call_counters, sample_text
+    from .lm_progress import ProgressPoster, model_sample
 
     cfg, lm = experiment.trainer, experiment.lm
     model = remote_lm(node.peer, node.finder, loop, lm, experiment.name, cfg, node.observe, seed=0)
-    apply: Callable[[int], None] | None = None
+    together: Collaboration | None = None
     if cfg.target_batch_size > 0:
         collab = loop.run(node.collaborate(model), 60)
         optimizer = collab.optimizer
-
-        def apply(windows: int) -> None:
-            loop.run(collab.step(windows), cfg.collab_timeout_s)
-
-        say(f"training the dense part with the experiment's other trainers: target {cfg.target_batch_size}")
+        together = Collaboration(collab, loop, cfg.collab_timeout_s, stop_at=steps, stop=stop)
+        say(
+            f"training the dense part with the experiment's other trainers: target {cfg.target_batch_size} "
+            f"windows a step, now at step {collab.epoch}"
+            + (f", until step {steps}" if steps is not None else "")
+        )
     else:
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
         say("this experiment has no target batch size: training alone")
@@ -164,26 +220,32 @@ def train_language_model(
             raise LmTrainError(f"cannot read the checkpoints in {store.directory}: {e}") from e
         if ckpt is None:
             raise LmTrainError(f"--resume: no checkpoint in {store.directory} to resume from")
-        try:
-            restore_state(model, optimizer, ckpt)
-        except CheckpointError as e:
-            raise LmTrainError(
-                f"the checkpoint in {store.directory} does not fit this experiment's model: {e}"
-            ) from e
         start = int(ckpt.meta.get("step", 0))
-        say(f"resumed at step {start} from {store.files()[-1]}")
-    settings = replace(experiment.settings, steps=start + steps if steps is not None else 10**9)
+        if together is not None and together.collab.epoch > 0:
+            # The collaboration went on without us: its state (taken on joining) is newer than ours.
+            say(f"resumed at step {start}; the dense part is the collaboration's, at its step {collab.epoch}")
+        else:
+            try:
+                restore_state(model, optimizer, ckpt)
+            except CheckpointError as e:
+                raise LmTrainError(
+                    f"the checkpoint in {store.directory} does not fit this experiment's model: {e}"
+                ) from e
+            say(f"resumed at step {start} from {store.files()[-1]}")
+    local_steps = start + steps if steps is not None and together is None else 10**9
+    settings = replace(experiment.settings, steps=local_steps, seed=data_seed(node.identity.peer_id))
     try:
         folder.mkdir(parents=True, exist_ok=True)
         log = CsvLog(folder / "metrics.csv")
     except OSError as e:
         raise LmTrainError(f"cannot write metrics in {folder}: {e}") from e
     board = _tensorboard(folder / "tensorboard")
+    poster = ProgressPoster(node.api, node.token, loop, experiment.name)
     last = None
     try:
         for row in train(
             model, corpus, settings, optimizer, log, skippable=SKIPPABLE,
-            counters=lambda: call_counters(node), start_step=start, stop=stop, apply=apply,
+            counters=lambda: call_counters(node), start_step=start, stop=stop, apply=together,
         ):  # fmt: skip
             last = row
             if board is not None:
@@ -200,9 +262,11 @@ def train_language_model(
                     f"cannot write a checkpoint in {store.directory} ({e}): training stopped at step "
                     f"{row.step}; the checkpoints already written are kept (--resume continues from them)"
                 ) from e
+            poster.post(row, lambda: model_sample(model, corpus, SAMPLE_TOKENS))
             c = row.calls
             say(
-                f"step {row.step}: loss {row.loss:.3f}, val loss {row.val_loss:.3f}, "
+                (together.describe() if together is not None else "")
+                + f"step {row.step}: loss {row.loss:.3f}, val loss {row.val_loss:.3f}, "
                 f"{row.tokens_per_s:.0f} tokens/s, {row.skipped_steps} skipped; calls {c.calls_ok} ok, "
                 f"{c.calls_failed} failed, {c.calls_late} late; {c.bytes_sent + c.bytes_received} bytes"
             )
@@ -214,8 +278,11 @@ def train_language_model(
         log.close()
         if board is not None:
             board.close()
+        poster.flush()
     if last is not None:
         say(f"done at step {last.step}: validation loss {last.val_loss:.3f}; metrics in {folder}")
+        if together is not None:
+            say(together.summary())
         say("a sample: " + sample_text(model, corpus, 120).replace("\n", " / "))
     return 0
 

@@ -18,8 +18,10 @@ Positive = Annotated[int, msgspec.Meta(gt=0)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 # https, or http to a loopback address (tests): the rule the app's update check applies to it.
 _MANIFEST_URL = re.compile(r"^(https://[^\s/:]+|http://(127(\.\d{1,3}){3}|\[::1\]))(:\d+)?(/\S*)?$")
-#: A language model's name: its grids are ``<name>_b<block>`` and uids ``<grid>.<i>.<j>``, so no dots.
-_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,47}")
+#: A grid's name, as the uids of its experts begin (engine.moe.server.UID_PATTERN, which hosts enforce:
+#: a uid is also a folder name on every OS). An experiment's name is its grid's, and a language model's
+#: grids are ``<name>_b<block>``.
+_GRID = re.compile(r"[a-z][a-z0-9_]{0,31}")
 
 
 class DenseModel(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,15 +98,19 @@ class ExperimentConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     part_of: str = ""  # a language model's grid: the experiment it is a layer of
 
     def __post_init__(self) -> None:
+        grids = [self.name]
+        if self.kind == "lm" and self.lm is not None:
+            grids = [layer_name(self.name, block) for block in self.lm.moe_blocks]
+        if not all(_GRID.fullmatch(g) for g in grids):
+            raise msgspec.ValidationError(
+                "an experiment's name is a lowercase letter, then lowercase letters, digits or _, short "
+                f"enough that each of its grids ({', '.join(grids)}) has at most 32 characters: not "
+                f"{self.name!r}"
+            )
         if self.kind != "lm":
             return
         if self.lm is None:
             raise msgspec.ValidationError(f"experiment {self.name!r} is of kind lm: give it an [lm] table")
-        if not _NAME.fullmatch(self.name):
-            raise msgspec.ValidationError(
-                "a language model's name is a letter, then up to 47 letters, digits, _ or -: "
-                f"not {self.name!r}"
-            )
         if self.expert_type != "ffn":
             raise msgspec.ValidationError(f"a language model's experts are ffn, not {self.expert_type!r}")
         if self.lm.dim % self.lm.heads:

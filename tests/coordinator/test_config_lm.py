@@ -61,6 +61,9 @@ def test_a_classifier_is_its_own_grid(tmp_path: Path) -> None:
     ("change", "says"),
     [
         (('name = "shakespeare"', 'name = "shake.speare"'), "name"),
+        # hosts refuse uids with capitals or dashes, and grids (name_b3) over 32 characters
+        (('name = "shakespeare"', 'name = "Tiny-LM"'), r"lowercase letters, digits or _.*'Tiny-LM'"),
+        (('name = "shakespeare"', f'name = "{"s" * 30}"'), r"at most 32 characters"),
         (("[experiments.lm]", "[experiments.unused]"), "unknown field `unused`"),
         (("dim = 128", "dim = 130"), "divisible"),
         (("moe_every = 2", "moe_every = 0"), "no mixture blocks"),
@@ -74,6 +77,11 @@ def test_a_bad_language_model_is_refused_with_a_reason(
 ) -> None:
     with pytest.raises(ConfigError, match=says):
         _load(tmp_path, LM.replace(*change))
+
+
+def test_a_classifier_named_as_no_host_accepts_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"grids \(Digits\) has at most 32"):
+        _load(tmp_path, '[[experiments]]\nname = "Digits"\nexpert_type = "ffn"\ngrid = [4, 4]\n')
 
 
 def test_a_layer_may_not_share_a_name_with_another_experiment(tmp_path: Path) -> None:

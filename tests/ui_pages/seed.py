@@ -234,8 +234,8 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
                     s.add(
                         Assignment(
                             host_peer_id=h.peer_id,
-                            experiment="transformer-moe",
-                            expert_uid=f"transformer-moe.{i}.{j}",
+                            experiment="transformer_moe",
+                            expert_uid=f"transformer_moe.{i}.{j}",
                             assigned_at=NOW - 600,
                             expires_at=NOW + 3000,
                         )
@@ -244,7 +244,7 @@ async def seed_realistic(sessions: async_sessionmaker[AsyncSession], n_accounts:
 
 
 REALISTIC_EXPERIMENTS = [
-    ExperimentConfig(name="transformer-moe", expert_type="ffn", grid=[8, 8], replication=2),
-    ExperimentConfig(name="small-ffn", expert_type="ffn", grid=[32], replication=2),
-    ExperimentConfig(name="wide-ffn", expert_type="ffn", grid=[2, 30], replication=2),  # drawn dense
+    ExperimentConfig(name="transformer_moe", expert_type="ffn", grid=[8, 8], replication=2),
+    ExperimentConfig(name="small_ffn", expert_type="ffn", grid=[32], replication=2),
+    ExperimentConfig(name="wide_ffn", expert_type="ffn", grid=[2, 30], replication=2),  # drawn dense
 ]

@@ -25,7 +25,7 @@ TRAINERS = [
 
 
 async def seed_collab(sessions: async_sessionmaker[AsyncSession]) -> dict[str, int]:
-    """Four trainers online in ``transformer-moe``'s collaboration (one an epoch behind), one silent
+    """Four trainers online in ``transformer_moe``'s collaboration (one an epoch behind), one silent
     trainer whose report is too old to show; returns the trainer accounts' ids by name."""
     ids: dict[str, int] = {}
     async with sessions() as s, s.begin():
@@ -41,7 +41,7 @@ async def seed_collab(sessions: async_sessionmaker[AsyncSession]) -> dict[str, i
             ids[name] = account.id
             s.add(
                 CollabStatus(
-                    experiment="transformer-moe",
+                    experiment="transformer_moe",
                     peer_id=host.peer_id,
                     account_id=account.id,
                     epoch=epoch,
@@ -57,7 +57,7 @@ async def seed_collab(sessions: async_sessionmaker[AsyncSession]) -> dict[str, i
             s.add(
                 TrainerWork(
                     peer_id=host.peer_id,
-                    experiment="transformer-moe",
+                    experiment="transformer_moe",
                     receipt_samples=proven,
                     samples_claimed=claimed,
                     run_id="00aa11bb22cc33dd",

@@ -65,7 +65,7 @@ async def test_swarm_panel_and_trainers_tab(base_url: str) -> None:
                 await page.goto(base_url + "/swarm")
                 panel = page.locator("section.collab")
                 await expect(panel).to_have_count(1)  # one collaborative experiment of three
-                await expect(panel.get_by_role("heading", level=3)).to_contain_text("transformer-moe")
+                await expect(panel.get_by_role("heading", level=3)).to_contain_text("transformer_moe")
                 stats = panel.locator(".stat")
                 await expect(stats.filter(has_text="trainers online")).to_contain_text("4")
                 await expect(stats.filter(has_text="epoch").first).to_contain_text("57")

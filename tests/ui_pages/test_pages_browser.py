@@ -148,7 +148,7 @@ async def test_visitor_walks_the_site(base_url: str, chromium: BrowserContext) -
 
     await page.get_by_role("link", name="Swarm", exact=True).click()
     await expect(page.get_by_role("heading", name="Swarm health")).to_be_visible()
-    await expect(page.get_by_role("heading", name="transformer-moe")).to_be_visible()
+    await expect(page.get_by_role("heading", name="transformer_moe")).to_be_visible()
     await expect(page.locator("table.grid").first.locator("td")).to_have_count(64)
     await expect(page.locator("table.grid").nth(1).locator("td.cov-none")).to_have_count(32)
     await expect(page.locator(".stat", has_text="peers online")).to_contain_text("17")

@@ -9,6 +9,9 @@ rotting. On a GPU it checks, in order of what a volunteer would notice first:
 2. ``backend``: each expert architecture's forward and backward on CUDA through the real
    :class:`~engine.moe.backend.ExpertBackend` (batching pools, worker thread, Adam step), against the same
    expert on the CPU from the same weights; float16 and bfloat16 inputs as they come off the wire.
+   ``fused``: 32 experts' backward batches as a host runs them when they are ready together (one
+   autograd call, one foreach clipping and Adam pass) against each expert alone: the same weights, and
+   how much faster (:mod:`lah.gpu_backend` holds both).
 3. ``memory_cap``: the volunteer's GPU memory budget (``apply_torch_limits``) refuses an allocation above it.
 4. ``release``: a node's pause (``Hosting.release_memory``) gives the experts' memory back to the driver,
    measured by the driver (``cudaMemGetInfo``) and NVML before and after, and ``restore_memory`` brings the
@@ -38,22 +41,10 @@ from typing import Any
 
 import torch
 
+from .gpu_backend import CheckFailed, Skip, check_backend, check_fused, cuda
+
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
-
-
-class Skip(Exception):
-    """A check that cannot run here (no CUDA, no NVML); the reason is reported, the run still passes."""
-
-
-class CheckFailed(Exception):
-    """A check ran and the device did not do what the node relies on."""
-
-
-def _cuda() -> torch.device:
-    if not torch.cuda.is_available():
-        raise Skip(f"no CUDA device (torch {torch.__version__}, built for CUDA {torch.version.cuda})")
-    return torch.device("cuda", 0)
 
 
 def _driver_used_bytes() -> int:
@@ -91,11 +82,15 @@ def check_environment() -> dict[str, Any]:
         }
     else:
         figures["device"] = "cpu"
+    # What float32 matmuls may round to: TF32 would explain CPU/CUDA differences near 1e-3.
+    figures["float32_matmul_precision"] = torch.get_float32_matmul_precision()
+    figures["cublas_allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
+    figures["cudnn_allow_tf32"] = torch.backends.cudnn.allow_tf32
     return figures
 
 
 def check_nvml() -> dict[str, Any]:
-    _cuda()
+    cuda()
     from engine.resources.sensors import NvmlGpu
 
     gpu = NvmlGpu(0)
@@ -130,85 +125,8 @@ def check_nvml() -> dict[str, Any]:
     }
 
 
-def _relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1e-12))
-
-
-async def _backend_pair(spec: Any, batch: int, dtype: torch.dtype, device: str) -> dict[str, float]:
-    """Forward, backward and Adam step on ``device`` and on the CPU from the same weights.
-
-    Outputs, input gradients and the parameters' gradients are compared relative to their largest value.
-    The weights after the step are not: Adam's first step moves every weight by about ``lr`` times the sign
-    of its gradient, so a gradient near zero that rounds to the other sign on one device moves that weight
-    ``2 * lr`` apart. What is checked of the step instead is that it happened on the device and moved no
-    weight further than Adam's first step can.
-    """
-    from engine.moe.backend import ExpertBackend
-
-    lr = 1e-3
-    dev = ExpertBackend("ffn.0", spec, device=device, seed=0, lr=lr)
-    cpu = ExpertBackend("ffn.0", spec, device="cpu", seed=0, lr=lr)
-    cpu.module.load_state_dict({k: v.cpu() for k, v in dev.module.state_dict().items()})
-    start = {k: v.detach().cpu().clone() for k, v in cpu.module.state_dict().items()}
-    gen = torch.Generator().manual_seed(1)
-    shape = (batch, *(d if d is not None else 16 for d in dev.input_shape))
-    x = torch.randn(shape, generator=gen).to(dtype)
-    g = torch.randn(shape, generator=gen).to(dtype)
-    try:
-        errors: dict[str, float] = {}
-        for name, a, b in (
-            ("forward", await dev.forward("p", "a1", x), await cpu.forward("p", "a1", x)),
-            ("backward", await dev.backward("p", "a1", g), await cpu.backward("p", "a1", g)),
-        ):
-            if a.device.type != "cpu" or not torch.isfinite(a).all():
-                raise CheckFailed(f"{spec.arch} {name} on {device} returned {a.device} / non-finite values")
-            errors[name] = _relative(a, b)
-        params = dict(cpu.module.named_parameters())
-        errors["param_grads"] = max(
-            _relative(p.grad.cpu(), params[k].grad)  # type: ignore[union-attr,arg-type]
-            for k, p in dev.module.named_parameters()
-        )
-        moved = max(float((v.cpu() - start[k]).abs().max()) for k, v in dev.module.state_dict().items())
-        errors["step_max_move_over_lr"] = moved / lr
-        if dev.stats.steps != 1 or next(dev.module.parameters()).device.type != torch.device(device).type:
-            raise CheckFailed(f"{spec.arch}: the expert did not step on {device}")
-        return errors
-    finally:
-        await dev.close()
-        await cpu.close()
-
-
-def check_backend(device: str | None = None) -> dict[str, Any]:
-    """``device`` other than CUDA only for the tests of this module: it exercises the same code."""
-    device = device or str(_cuda())
-    from engine.moe import ExpertSpec
-
-    cases = {
-        "ffn": ExpertSpec("ffn", dim=1024),
-        "transformer": ExpertSpec("transformer", dim=256, heads=4, seq_len=32),
-    }
-    tolerance = 2e-3  # float32 accumulation orders differ between cuBLAS and the CPU; TF32 would be ~1e-2
-    figures: dict[str, Any] = {}
-    failures: list[str] = []
-    for name, spec in cases.items():
-        for dtype in (torch.float32, torch.float16, torch.bfloat16):
-            errors = asyncio.run(_backend_pair(spec, 64, dtype, device))
-            key = f"{name}_{str(dtype).removeprefix('torch.')}"
-            figures[key] = {k: float(f"{v:.2e}") for k, v in errors.items()}
-            worst = max(v for k, v in errors.items() if k != "step_max_move_over_lr")
-            if worst > tolerance:
-                failures.append(f"{key} differs from the CPU by {worst:.2e} (relative), over {tolerance}")
-            if not 0 < errors["step_max_move_over_lr"] <= 1.5:
-                failures.append(
-                    f"{key}: Adam's first step moved a weight {errors['step_max_move_over_lr']:.2f} lr"
-                )
-    if failures:
-        raise CheckFailed("; ".join(failures) + f"; figures: {figures}")
-    return figures
-
-
 def check_memory_cap() -> dict[str, Any]:
-    _cuda()
+    cuda()
     from engine.resources.limits import apply_torch_limits
     from engine.resources.settings import Settings
 
@@ -290,7 +208,7 @@ async def _release_cycle(experts: int, batch: int) -> dict[str, Any]:
 
 
 def check_release() -> dict[str, Any]:
-    _cuda()
+    cuda()
     return asyncio.run(_release_cycle(experts=8, batch=256))
 
 
@@ -331,7 +249,7 @@ async def _compute_sps(
 
 
 def check_compute(seconds: float, device: str | None = None, warmup_s: float = 2.0) -> dict[str, Any]:
-    device = device or str(_cuda())
+    device = device or str(cuda())
     return asyncio.run(_compute_sps(seconds, 256, 4, device, warmup_s))
 
 
@@ -347,7 +265,7 @@ def _bench(args: list[str], timeout: float) -> dict[str, Any]:
 
 
 def check_expert_throughput(quick: bool) -> dict[str, Any]:
-    device = _cuda()
+    device = cuda()
     help_text = subprocess.run(
         [sys.executable, "benchmarks/expert_throughput.py", "--help"],
         cwd=REPO,
@@ -377,6 +295,7 @@ def run(quick: bool, bench: bool) -> tuple[dict[str, Any], bool]:
         ("environment", check_environment),
         ("nvml", check_nvml),
         ("backend", check_backend),
+        ("fused", check_fused),
         ("memory_cap", check_memory_cap),
         ("release", check_release),
         ("compute", lambda: check_compute(3.0 if quick else 10.0)),

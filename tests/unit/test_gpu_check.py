@@ -30,6 +30,12 @@ def test_backend_check_code_runs_against_the_cpu() -> None:
         assert 0.5 < errors["step_max_move_over_lr"] <= 1.5  # Adam's first step: about lr per weight
 
 
+def test_fused_check_code_runs_against_the_cpu() -> None:
+    figures = gpu_check.check_fused("cpu", experts=4, rounds=3)
+    assert figures["experts"] == 4 and figures["weights_max_relative_diff"] <= 2e-3
+    assert figures["together_ms_per_round"] > 0 and figures["alone_ms_per_round"] > 0
+
+
 def test_compute_check_counts_samples() -> None:
     figures = gpu_check.check_compute(0.5, device="cpu", warmup_s=0.2)
     assert figures["backend_sps"] > 0 and figures["batch"] == 256
@@ -50,5 +56,5 @@ def test_script_passes_without_a_gpu_and_says_what_it_skipped(tmp_path: Path) ->
     report = json.loads(out.read_text())
     assert json.loads(proc.stdout.splitlines()[-1]) == report
     assert report["passed"] is True and report["environment"]["status"] == "ok"
-    for name in ("nvml", "backend", "memory_cap", "release", "compute", "expert_throughput"):
+    for name in ("nvml", "backend", "fused", "memory_cap", "release", "compute", "expert_throughput"):
         assert report[name]["status"] == "skipped" and "no CUDA device" in report[name]["reason"]

@@ -35,8 +35,18 @@ async def test_the_coordinator_names_its_update_source_or_none(
 def test_the_config_takes_https_or_loopback_http_only() -> None:
     env = "LAH_UPDATE_MANIFEST_URL"
     assert load_config(environ={}).update_manifest_url is None
-    for good in (MANIFEST, "https://example.org:8443/m.json", "http://127.0.0.1:8080/m.json", "http://[::1]/m"):
+    for good in (
+        MANIFEST,
+        "https://example.org:8443/m.json",
+        "http://127.0.0.1:8080/m.json",
+        "http://[::1]/m",
+    ):
         assert load_config(environ={env: good}).update_manifest_url == good
-    for bad in ("http://releases.example.org/m.json", "http://127.0.0.1.example.org/m", "ftp://x/m", "https://"):
+    for bad in (
+        "http://releases.example.org/m.json",
+        "http://127.0.0.1.example.org/m",
+        "ftp://x/m",
+        "https://",
+    ):
         with pytest.raises(ConfigError, match="update_manifest_url must be an https address"):
             load_config(environ={env: bad})

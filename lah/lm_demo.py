@@ -250,6 +250,7 @@ def demo_main(args: Any) -> int:
         f"experts on {args.volunteers} volunteer processes, {settings.steps} steps",
         flush=True,
     )
+    print(f"text: {corpus.describe()}", flush=True)
     try:
         run = run_lm(
             corpus,

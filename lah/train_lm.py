@@ -197,6 +197,7 @@ def train_language_model(
     from .lm_progress import ProgressPoster, model_sample
 
     cfg, lm = experiment.trainer, experiment.lm
+    say(f"text: {corpus.describe()}")
     model = remote_lm(node.peer, node.finder, loop, lm, experiment.name, cfg, node.observe, seed=0)
     together: Collaboration | None = None
     if cfg.target_batch_size > 0:

@@ -73,6 +73,12 @@ class Corpus:
     name: str
     size_bytes: int
     tokenizer: Tokenizer | None = None  # None for pre-tokenized files
+    split: str = "the first 90% of the text trains, the last 10% validates"
+
+    def describe(self) -> str:
+        """One line for a run's log: where the text is, how many tokens each split has, how it is cut."""
+        counts = f"{len(self.train):,} training and {len(self.val):,} validation tokens"
+        return f"{self.name}: {counts} ({self.split})"
 
     def check_fits(self, context: int, batch: int) -> None:
         """Each split must hold one window more than a context (and train one batch of them)."""
@@ -106,13 +112,16 @@ def _from_text(
     text: str, tokenizer: Tokenizer, name: str, size: int, validation: str | None = None
 ) -> Corpus:
     """``validation``: a held-out text of its own; else the last 10% of ``text`` is."""
+    split = Corpus.split
     if validation is None:
         cut = int(len(text) * TRAIN_FRACTION)
         text, validation = text[:cut], text[cut:]
+    else:
+        split = "its own train and validation splits"
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
     train = np.asarray(tokenizer.encode(text), dtype=dtype)
     val = np.asarray(tokenizer.encode(validation), dtype=dtype)
-    return Corpus(train, val, tokenizer.vocab_size, name, size, tokenizer)
+    return Corpus(train, val, tokenizer.vocab_size, name, size, tokenizer, split)
 
 
 def _from_token_files(folder: Path) -> Corpus:
@@ -137,7 +146,7 @@ def _from_token_files(folder: Path) -> Corpus:
             raise DataError(f"{path}: missing, empty, or not a whole number of {np.dtype(dtype).name} ids")
         splits.append(np.memmap(path, dtype=dtype, mode="r"))
     size = sum(int(s.nbytes) for s in splits)
-    return Corpus(splits[0], splits[1], vocab, str(folder), size)
+    return Corpus(splits[0], splits[1], vocab, str(folder), size, None, "train.bin trains, val.bin validates")
 
 
 def open_corpus(data: Path | None = None, tokenizer: Tokenizer | None = None) -> Corpus:

@@ -38,7 +38,7 @@ def test_a_dataset_built_from_local_text_files_trains_90_10(tmp_path: Path) -> N
     assert corpus.tokenizer is not None
     assert corpus.tokenizer.decode(corpus.train.tolist()) == joined[:cut]
     assert corpus.tokenizer.decode(corpus.val.tolist()) == joined[cut:]
-    assert "split 90/10" in corpus.name
+    assert "split 90/10" in corpus.name and "first 90%" in corpus.describe()
 
 
 def test_a_dataset_dict_keeps_its_own_train_and_validation_splits(tmp_path: Path) -> None:
@@ -52,7 +52,7 @@ def test_a_dataset_dict_keeps_its_own_train_and_validation_splits(tmp_path: Path
     assert corpus.tokenizer is not None
     assert corpus.tokenizer.decode(corpus.val.tolist()) == "\n\n".join(LINES[100:120])
     assert corpus.tokenizer.decode(corpus.train.tolist()) == "\n\n".join(LINES[:100])
-    assert "train / validation" in corpus.name
+    assert "train / validation" in corpus.name and corpus.split == "its own train and validation splits"
 
 
 def test_the_only_string_column_is_the_text(tmp_path: Path) -> None:

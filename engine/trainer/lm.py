@@ -26,9 +26,12 @@ __all__ = ["layer_config", "local_lm", "mixtures", "remote_lm"]
 
 
 def layer_config(lm: LmConfig, experiment: str, **overrides: Any) -> TrainerConfig:
-    """The trainer side of ``lm``'s mixture layers: the grids' shape, the gating's top-k, and finite
-    timeouts long enough for a layer of hundreds of tokens (``overrides``: any other field)."""
-    options: dict[str, Any] = {"timeout": 10.0, "grace_s": 0.3, "k_min": 1} | overrides
+    """The trainer side of ``lm``'s mixture layers: the grids' shape, the gating's top-k, finite
+    timeouts long enough for a layer of hundreds of tokens, and 8-bit activations on the wire: a
+    step sends every token's row to each of its k experts both ways, so bytes set the hosts' transport
+    CPU, and blockwise int8 (``engine.wire.compression``) costs no validation loss we could measure
+    (benchmarks/lm_quality.py). ``overrides``: any other field."""
+    options: dict[str, Any] = {"timeout": 10.0, "grace_s": 0.3, "k_min": 1, "wire": "int8"} | overrides
     return TrainerConfig(
         uid_prefix=experiment, grid=lm.grid, dim=lm.dim, hidden=lm.expert_spec.hidden or 0,
         k_best=lm.k_best, **options,

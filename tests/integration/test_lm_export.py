@@ -94,7 +94,7 @@ def test_export_gathers_the_hosts_weights_and_generate_runs_them_alone(
             print(f"generated: {text!r}")
 
         # The swarm's model on the replicas the file took, the dense part from the file: same logits.
-        cfg = layer_config(lm, "tiny", timeout=20.0)
+        cfg = layer_config(lm, "tiny", timeout=20.0, wire="float16")  # the bound below is float16's
         node = swarm.trainer("checker", cfg)
         assert node.peer is not None
         remote = remote_lm(node.peer, StaticExpertFinder(taken), swarm.loop, lm, "tiny", cfg)

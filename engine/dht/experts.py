@@ -23,6 +23,7 @@ from .errors import BadRequest, DHTError
 from .keys import (
     decode_declaration,
     encode_declaration,
+    expert_slot,
     group_slots,
     is_valid_prefix,
     is_valid_uid,
@@ -119,7 +120,7 @@ async def declare_experts(
     keys = list(groups)
     stored = await asyncio.gather(*(put(key, groups[key]) for key in keys))
     ok = dict(zip(keys, stored, strict=True))
-    return {uid: ok[uid] for uid in uids}
+    return {uid: ok[expert_slot(uid)[0]] for uid in uids}  # its own record: under its parent prefix
 
 
 async def get_experts(
@@ -132,9 +133,14 @@ async def get_experts(
     async def one(uid: str) -> ExpertInfo | None:
         if not is_valid_uid(uid):
             raise ValueError(f"not a grid uid: {uid!r}")
+        key, subkey = expert_slot(uid)
         async with gate:
-            result = await node.get(uid)
-        found = [d for d in declarations(result, coordinator_key, node.clock()) if d.record.subkey == ""]
+            result = await node.get(key)
+        found = [
+            d
+            for d in declarations(result, coordinator_key, node.clock())
+            if d.record.subkey == subkey and d.uid == uid
+        ]
         assigned = tuple(d.host for d in found if d.assigned)
         hosts = assigned + tuple(d.host for d in found if not d.assigned)
         return ExpertInfo(uid, hosts, assigned) if hosts else None

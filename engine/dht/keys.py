@@ -1,13 +1,18 @@
 """Expert uids and the DHT keys that declare them. Pure functions, no I/O.
 
 A grid uid is a name and one or more coordinates joined by ``.``: ``ffn.3.7`` is expert (3, 7) of grid
-``ffn``. A host declares each expert under its full uid and under every prefix, keyed by the next
-coordinate, so a beam search can ask "which children of ``ffn.3.`` are alive?" with one get::
+``ffn``. A host declares each expert under every prefix, keyed by the next coordinate, so a beam search
+can ask "which children of ``ffn.3.`` are alive?" with one get, and the hosts of one expert are the
+records of its parent prefix under its last coordinate::
 
     key        subkey   value
-    ffn.3.7    ""       [host, "ffn.3.7"]
     ffn.3.     "7"      [host, "ffn.3.7"]
     ffn.       "3"      [host, "ffn.3.7"]
+
+No record sits under the full uid: it would say again what the parent prefix's record says, and a
+host of a language model's two 256-expert grids re-declares every 20 s to every node near each key:
+the uid records were half of every node's storing and signature checks (``expert_slot`` finds an
+expert's record instead).
 
 The owner of each record is the host (its signature); a slot is (owner, subkey), so many hosts share a
 prefix key and a host declaring several experts under one prefix writes one slot per child coordinate.
@@ -55,14 +60,19 @@ def is_valid_prefix(prefix: str) -> bool:
 
 
 def declaration_slots(uid: str) -> list[tuple[str, str]]:
-    """``ffn.3.7`` -> ``[("ffn.3.7", ""), ("ffn.3.", "7"), ("ffn.", "3")]``: (key, subkey) pairs."""
+    """``ffn.3.7`` -> ``[("ffn.3.", "7"), ("ffn.", "3")]``: (key, subkey) pairs, the expert's own first."""
     if not is_valid_uid(uid):
         raise ValueError(f"not a grid uid: {uid!r}")
     parts = uid.split(UID_DELIMITER)
-    slots = [(uid, "")]
-    for depth in range(len(parts) - 1, 0, -1):
-        slots.append((UID_DELIMITER.join(parts[:depth]) + UID_DELIMITER, parts[depth]))
-    return slots
+    return [
+        (UID_DELIMITER.join(parts[:depth]) + UID_DELIMITER, parts[depth])
+        for depth in range(len(parts) - 1, 0, -1)
+    ]
+
+
+def expert_slot(uid: str) -> tuple[str, str]:
+    """Where the hosts of ``uid`` are found: its parent prefix and its last coordinate."""
+    return declaration_slots(uid)[0]
 
 
 def group_slots(uids: list[str]) -> dict[str, dict[str, str]]:

@@ -4,7 +4,13 @@ import pytest
 
 from engine.dht import BadSignature, ExpiredRecord, RecordTooLarge, StaleRecord
 from engine.dht.ids import key_id_of, node_id_of
-from engine.dht.keys import declaration_slots, decode_declaration, encode_declaration, group_slots
+from engine.dht.keys import (
+    declaration_slots,
+    decode_declaration,
+    encode_declaration,
+    expert_slot,
+    group_slots,
+)
 from engine.dht.records import (
     MAX_VALUE_BYTES,
     Record,
@@ -99,12 +105,13 @@ def test_store_is_bounded(alice: Identity) -> None:
 
 
 def test_declaration_slots() -> None:
-    assert declaration_slots("ffn.3.7") == [("ffn.3.7", ""), ("ffn.3.", "7"), ("ffn.", "3")]
-    assert declaration_slots("ffn.0") == [("ffn.0", ""), ("ffn.", "0")]
+    assert declaration_slots("ffn.3.7") == [("ffn.3.", "7"), ("ffn.", "3")]
+    assert declaration_slots("ffn.0") == [("ffn.", "0")]
+    assert expert_slot("ffn.3.7") == ("ffn.3.", "7")
     groups = group_slots(["ffn.3.7", "ffn.3.9", "ffn.4.7"])
     assert groups["ffn."] == {"3": "ffn.3.7", "4": "ffn.4.7"}
     assert groups["ffn.3."] == {"7": "ffn.3.7", "9": "ffn.3.9"}
-    assert len(groups) == 3 + 2 + 1
+    assert len(groups) == 2 + 1  # the prefixes only: no record under a full uid
     for bad in ["ffn", "ffn..3", ".3", "ffn.3."]:
         with pytest.raises(ValueError):
             declaration_slots(bad)

@@ -76,7 +76,7 @@ class StatusWindow(QWidget):
         form.insertRow(2, "Helps to train:", self.models)  # below the experts it is about
         form.setRowVisible(self.models, False)
         layout.addWidget(box)
-        from .clock_axis import ClockAxis  # with pyqtgraph: only once the window is built
+        from .clock_axis import LABEL_OVERHANG_PX, ClockAxis  # with pyqtgraph: once the window is built
 
         pg.setConfigOptions(antialias=True, background=None, foreground=self.palette().text().color())
         self.chart = pg.PlotWidget(self, title="Recent activity", axisItems={"bottom": ClockAxis()})
@@ -85,6 +85,8 @@ class StatusWindow(QWidget):
         self.chart.setMinimumHeight(220)
         self.chart.setLabel("left", "per second")
         self.chart.addLegend(offset=(10, 10))
+        # room at the right for the newest time label, which is centred on the plot's last moment
+        self.chart.getPlotItem().layout.setContentsMargins(0, 0, LABEL_OVERHANG_PX, 0)
         self.curves = {
             "requests": self.chart.plot(name="requests", pen=pg.mkPen("#1f7a4d", width=2)),
             "up": self.chart.plot(name="KiB up", pen=pg.mkPen("#3b5bdb", width=2)),

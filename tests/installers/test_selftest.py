@@ -111,4 +111,5 @@ def test_the_whole_self_test_passes_from_source(tmp_path: Path) -> None:
     for part in ("imports", "compute", "webrtc", "keyring", "coordinator", "processes", "app"):
         assert f"ok    {part}" in done.stdout
     assert "skip  bundle" in done.stdout and "Traceback" not in done.stderr
-    assert "aiortc patches: hosts, guard, sctp, ice, dtls; stock: none" in done.stdout  # no group fell back
+    # no group fell back
+    assert "aiortc patches: hosts, guard, sctp, ice, dtls, handshake; stock: none" in done.stdout

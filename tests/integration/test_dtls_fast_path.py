@@ -266,11 +266,11 @@ def test_group_falls_back_when_pyopenssl_differs(monkeypatch: pytest.MonkeyPatch
     assert problems["dtls"] == ["OpenSSL.SSL.Connection.recv changed upstream"]
     assert problems["sctp"] == [] and problems["ice"] == []
     registry.uninstall_group("dtls")
-    monkeypatch.setattr(patches, "_installed", {"hosts", "guard", "sctp", "ice"})
+    monkeypatch.setattr(patches, "_installed", {"hosts", "guard", "sctp", "ice", "handshake"})
     try:
         from aiortc.rtcdtlstransport import RTCDtlsTransport
 
-        assert patches.install() == {"hosts", "guard", "sctp", "ice"}
+        assert patches.install() == {"hosts", "guard", "sctp", "ice", "handshake"}
         assert RTCDtlsTransport._recv_next is registry.ORIGINALS[_D + "_recv_next"]
     finally:
         registry.install_group("dtls")

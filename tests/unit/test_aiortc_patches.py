@@ -41,7 +41,7 @@ def test_versions_match_pin() -> None:
         f"aiortc/aioice changed from {patches.PINNED} to {found}: review every patch in "
         "engine/p2p/patches against the new source"
     )
-    assert registry.verify() == {"hosts": [], "guard": [], "sctp": [], "ice": [], "dtls": []}
+    assert registry.verify() == {"hosts": [], "guard": [], "sctp": [], "ice": [], "dtls": [], "handshake": []}
 
 
 @pytest.mark.parametrize("patch", registry.PATCHES, ids=lambda p: p.name)
@@ -70,7 +70,7 @@ def test_wire_constants_unchanged() -> None:
 
 
 def test_install_is_idempotent_and_installed() -> None:
-    assert patches.install(strict=True) == {"hosts", "guard", "sctp", "ice", "dtls"}
+    assert patches.install(strict=True) == {"hosts", "guard", "sctp", "ice", "dtls", "handshake"}
     assert patches.installed("sctp") and patches.installed("ice")
     assert sctp.InboundStream is sctp_receiver.FastInboundStream
     assert 0 < sctp_receiver.SACK_DELAY <= 0.2
@@ -78,14 +78,14 @@ def test_install_is_idempotent_and_installed() -> None:
 
 @pytest.fixture
 def uninstalled(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """The sctp, ice and dtls groups put back to stock for one test, reinstalled afterwards (hosts and
-    the packet guard stay: they do not depend on the pinned versions)."""
-    for group in ("sctp", "ice", "dtls"):
+    """The sctp, ice, dtls and handshake groups put back to stock for one test, reinstalled afterwards
+    (hosts and the packet guard stay: they do not depend on the pinned versions)."""
+    for group in ("sctp", "ice", "dtls", "handshake"):
         registry.uninstall_group(group)
     monkeypatch.setattr(patches, "_installed", {"hosts", "guard"})
     yield
     monkeypatch.undo()
-    for group in ("sctp", "ice", "dtls"):
+    for group in ("sctp", "ice", "dtls", "handshake"):
         registry.install_group(group)
 
 
@@ -114,18 +114,19 @@ def test_changed_source_runs_stock(uninstalled: Any, monkeypatch: pytest.MonkeyP
     problems = registry.verify()
     assert problems["sctp"] == ["aiortc.rtcsctptransport.RTCSctpTransport._send_sack changed upstream"]
     assert problems["ice"] == [] and problems["hosts"] == [] and problems["guard"] == []
-    assert patches.install() == {"hosts", "guard", "ice", "dtls"}
+    assert patches.install() == {"hosts", "guard", "ice", "dtls", "handshake"}
     assert not patches.installed("sctp")
 
 
 def test_frozen_bundle_without_sources_trusts_the_version_pin(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "source_sha256", lambda obj: None)  # PyInstaller ships no .py
-    assert registry.verify() == {"hosts": [], "guard": [], "sctp": [], "ice": [], "dtls": []}
+    assert registry.verify() == {"hosts": [], "guard": [], "sctp": [], "ice": [], "dtls": [], "handshake": []}
     monkeypatch.setattr(registry, "PINNED", {"aiortc": "0.0.1", "aioice": "0.13.0"})
     problems = registry.verify()
     assert (
         problems["sctp"] and problems["ice"] and problems["hosts"] and problems["dtls"] and problems["guard"]
     )
+    assert problems["handshake"]
 
 
 async def test_stock_fallback_still_moves_data(uninstalled: Any) -> None:

@@ -7,7 +7,8 @@ Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its
 below SCTP) and :mod:`.compiled_sctp` (SCTP packets on a link whose records are compiled) hold the
 replacements; :mod:`.congestion` holds the pure congestion controllers the sender drives;
 :mod:`.ack_frequency` is the SDP agreement on how often a receiver SACKs (a connection calls it around
-its descriptions).
+its descriptions); :mod:`.handshake` holds the connect's timers under loss (DTLS flights copied early,
+SCTP's INIT on the handshake's round trip, backed off, resent with tag 0: group ``handshake``).
 :func:`install` is called explicitly once at process start (the ``lah`` CLI, tests' conftest,
 benchmarks), never by a constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or
 where a replaced function's source hash differs, the group concerned stays stock and a warning is
@@ -78,8 +79,9 @@ Figures (benchmarks/sctp_probe.py, 32 MiB, 2 noisy cores; CPU ms per MiB, both p
 paths (indexed SACK processing, a retransmit-scan flag) showed no measurable gain and went when the
 sender was replaced. 256 KiB messages are not cheaper than 64 KiB.
 
-Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the DTLS handshake, and the SDP
-but for the one attribute :mod:`.ack_frequency` adds.
+Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the DTLS handshake's messages
+(:mod:`.handshake` only resends them sooner, as byte-for-byte copies), and the SDP but for the one
+attribute :mod:`.ack_frequency` adds.
 """
 
 from __future__ import annotations
@@ -93,7 +95,7 @@ from . import ack_frequency, congestion, dtls, hosts, registry, sctp_sender
 logger = logging.getLogger(__name__)
 
 PINNED = registry.PINNED
-GROUPS = ("hosts", "guard", "sctp", "ice", "dtls")
+GROUPS = ("hosts", "guard", "sctp", "ice", "dtls", "handshake")
 _installed: set[str] = set()
 
 

@@ -13,8 +13,10 @@ recognised by ``BIO_should_retry`` without an exception; a datagram goes straigh
 pair's UDP transport when that pair is a plain ``StunProtocol`` (a TURN pair still goes through its
 protocol's ``send_data``); and a received datagram is taken from aioice's queue without the wrappers.
 Every error path calls pyOpenSSL's own error handling, so errors are the same exceptions as stock.
-The OpenSSL calls, their order and sizes (1500) are stock's: the records and datagrams on the wire are
-byte for byte the same. The handshake, SRTP and anything before ``CONNECTED`` stay stock.
+The OpenSSL calls, their order and sizes (1500) are stock's, but for reads: after a datagram, OpenSSL is
+read until it holds nothing (stock reads once, leaving records that came during the handshake for
+later datagrams: :func:`_read_all`). The records and datagrams on the wire are byte for byte the same.
+The handshake, SRTP and anything before ``CONNECTED`` stay stock.
 
 Relied upon (hashed in :mod:`.registry`): pyOpenSSL's ``Connection`` attributes ``_ssl``, ``_into_ssl``,
 ``_from_ssl`` and its ``_raise_ssl_error``/``_handle_bio_errors``; aioice's ``Connection._queue``,
@@ -97,11 +99,18 @@ class _Fast:
         self.track = _native_records() is not None and "_lah_tx_top" in transport.__dict__
 
 
-def _fast(self: Any) -> _Fast | None:
-    """The fast-path state once the handshake is done and the ICE transport is aioice's, else None."""
+def _fast(self: Any, reader: bool = False) -> _Fast | None:
+    """The fast-path state once the handshake is done and the ICE transport is aioice's, else None.
+
+    Only the reader (``recv_next``, between two reads) may create it: creating it replaces aioice's
+    queue, and a reader already waiting on the old queue would wait there forever. A sender (the SCTP
+    timer resending INIT while nothing has arrived since the handshake: the peer's last flight lost)
+    gets None until then and sends the stock way."""
     f: _Fast | None = self.__dict__.get("_lah_fast")
     if f is not None and f.ssl is self._ssl:
         return f
+    if not reader:
+        return None
     if not self._RTCDtlsTransport__handshake_done or self._state is not _CONNECTED:
         return None
     ice_transport = self.transport
@@ -260,7 +269,7 @@ async def recv_next(self: Any) -> None:
 
     Stock also takes a queued datagram without yielding to the event loop, so the order of work is
     the same; only the per-datagram return to ``__run`` and the lookups are saved."""
-    f = _fast(self)
+    f = _fast(self, reader=True)
     if f is None:
         await _stock_recv_next(self)
         return
@@ -304,27 +313,40 @@ async def recv_next(self: Any) -> None:
             n = _BIO_write(f.into, data, len(data))
             if n <= 0:
                 f.ssl._handle_bio_errors(f.into, n)  # raises, as pyOpenSSL's bio_write does
-            n = _SSL_read(f.ssl_ptr, f.buf, _BUFSIZE)
-            if n > 0:
-                plain = _unpack(f.buf, n)[:]
-                if f.track and first_byte == 23:  # the peer sends data: its handshake is over
-                    _hand_over(self, f, (data[3] << 8) | data[4])
-            else:
-                try:
-                    f.ssl._raise_ssl_error(f.ssl_ptr, n)
-                    plain = b""
-                except SSL.ZeroReturnError:
-                    plain = None
-                except SSL.Error:
-                    plain = b""
+            plains, closed = _read_all(f)
+            if plains and f.track and first_byte == 23:  # the peer sends data: its handshake is over
+                _hand_over(self, f, (data[3] << 8) | data[4])
             await _flush(self, f)
-            if plain is None:
+            for plain in plains:
+                if self._data_receiver:
+                    await self._data_receiver._handle_data(plain)
+            if closed:
                 raise ConnectionError  # stock logs "DTLS shutdown by remote party" at debug level
-            if plain and self._data_receiver:
-                await self._data_receiver._handle_data(plain)
         if not q.qsize() or not conn._nominated:
             return
         result = q.get_nowait()
+
+
+def _read_all(f: _Fast) -> tuple[list[bytes], bool]:
+    """Every plaintext OpenSSL holds now, and whether the peer closed (close_notify).
+
+    Records that came before this side's handshake was over (the peer's SCTP INIT, sent while its last
+    flight was lost) wait in OpenSSL until read. Stock reads one record per datagram, so each came a
+    datagram late; once the compiled layer takes the records over, OpenSSL is never read for data
+    again and they were lost, and the SCTP packets in them had to wait for a retransmission."""
+    plains: list[bytes] = []
+    while True:
+        n = _SSL_read(f.ssl_ptr, f.buf, _BUFSIZE)
+        if n > 0:
+            plains.append(_unpack(f.buf, n)[:])
+            continue
+        try:
+            f.ssl._raise_ssl_error(f.ssl_ptr, n)
+        except SSL.ZeroReturnError:
+            return plains, True
+        except SSL.Error:
+            pass
+        return plains, False
 
 
 async def _stock_record(self: Any, data: bytes) -> None:

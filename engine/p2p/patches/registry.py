@@ -6,8 +6,8 @@ how it behaves, so a change to it must be reviewed too). Patches form groups tha
 or not at all: ``hosts`` (candidate pinning, needed by tests and the demo), ``guard`` (a bounded packet
 parser and a link that fails alone: :mod:`.sctp_guard`), ``sctp``, ``ice`` and
 ``dtls`` (speed and recovery; only on the pinned versions; ``dtls`` also hashes the pyOpenSSL and aioice
-internals it calls). :func:`verify` says what does not match; the
-package's ``install`` then leaves that group stock and warns.
+internals it calls) and ``handshake`` (the DTLS and SCTP handshake timers under loss: :mod:`.handshake`).
+:func:`verify` says what does not match; the package's ``install`` then leaves that group stock and warns.
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import compiled_sctp, dtls, hosts, ice, sctp_guard, sctp_receiver, sctp_sender, sctp_timers
+from . import compiled_sctp, dtls, handshake, hosts, ice, sctp_guard, sctp_receiver, sctp_sender, sctp_timers
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 # written against PINNED; "hosts" and "guard" only need their hashes to match (the guard's replacements
 # do what stock does, with every length checked: a node on any aiortc with these sources wants them)
-VERSIONED_GROUPS = ("sctp", "ice", "dtls")
+VERSIONED_GROUPS = ("sctp", "ice", "dtls", "handshake")
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,16 @@ _DTLS_RELIED = (  # not replaced; dtls.py calls or reads them (pyOpenSSL interna
         "aiortc.rtcicetransport.RTCIceTransport.start",
         "54279d028c0eb849cff7c9352d445b1cc5496a37a7b6a8d23cda83d64a5f635a",
     ),
+)
+
+_HANDSHAKE_RELIED = (  # not replaced; handshake.py sits on the ICE transport's _send (and on aioice's
+    # Connection.data_received, hashed above) as instance attributes, T1 starts right after _init sends the
+    # INIT, and an INIT is resent through serialize_packet (hashed above)
+    (
+        "aiortc.rtcicetransport.RTCIceTransport.__init__",
+        "b11403aba1c3a32ba72e4c81dc2f4bafe8be21a178e82147d20e011c44c0483c",
+    ),
+    (_T + "_init", "46e38c9bf7095b6d6fb1ef92fed1695ed557f9ea8dd4135e1a254d061b3e0567"),
 )
 
 PATCHES: tuple[Patch, ...] = (
@@ -286,6 +296,25 @@ PATCHES: tuple[Patch, ...] = (
         compiled_sctp.send_chunk,
     ),
     *(Patch(name, digest, "dtls") for name, digest in _DTLS_RELIED),
+    Patch(
+        _D + "_do_handshake",
+        "0af5299c33352e6e061bf2147281ede4dc7b078665a24d291593483d4b48bdca",
+        "handshake",
+        handshake.do_handshake,
+    ),
+    Patch(
+        _T + "_t1_start",
+        "2fd799f8e120a78c504ce6a5cf7b53feb22022af235cdd9528b7c309e9aa861c",
+        "handshake",
+        handshake.t1_start,
+    ),
+    Patch(
+        _T + "_t1_expired",
+        "6e2dbbf402bd56318870671e6a76dca61713f60c49f2bc2caaafc07ec8a3ba7e",
+        "handshake",
+        handshake.t1_expired,
+    ),
+    *(Patch(name, digest, "handshake") for name, digest in _HANDSHAKE_RELIED),
 )
 
 # The stock objects, captured before anything is installed: the oracle for tests and the fallback.

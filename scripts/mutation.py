@@ -6,7 +6,12 @@ runs in a fresh copy of the tree under ``build/mutation/<group>`` whose pyprojec
 ``only_mutate`` and test selection to ``[tool.mutmut]``, so mutmut's stats run, its cache and its
 ``mutants/`` folder never mix two groups. Mutants listed in ``tests/mutation/equivalent.toml`` (name, the
 changed line and why no test can tell it apart) are subtracted; an entry whose changed line no longer
-matches is stale and ignored. The last line printed is the per-module JSON.
+matches is stale and ignored. The per-module JSON is printed last.
+
+The run fails (exit status 1, after the report) when a module scores under ``MIN_SCORE`` or when a
+mutated function has no test the group selects: mutmut then records exit code 33 for each of its mutants
+without running anything, which would otherwise pass for a survivor and hide that the group's tests
+never call the function at all (the fix is a test, or the test file that has one, in the group).
 
     .venv/bin/python scripts/mutation.py [group ...] [--max-children N] [--report-only]
 """
@@ -37,6 +42,9 @@ MUTMUT = Path(sys.executable).parent / "mutmut"
 # mutmut's exit codes: a failing test, a test run killed for running too long, a crash all catch a mutant.
 KILLED = {1, 3, 36, -24, 24, 152, 255, -11, -9, 37}
 SURVIVED = {0}
+# mutmut's stats run saw no selected test call the mutated function, so it ran none (mutmut/__main__.py).
+NO_TESTS = 33
+MIN_SCORE = 0.95
 
 
 def load_config() -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
@@ -140,6 +148,78 @@ def check_equivalents(
     return out
 
 
+def function_of(mutant: str) -> str:
+    """The function a mutant changes, as the code names it: ``engine.p2p.framing.Deframer.abort``."""
+    module, _, mangled = mutant.rpartition("__mutmut_")[0].rpartition(".")
+    if mangled.startswith("xǁ"):
+        return f"{module}." + ".".join(mangled[2:].split("ǁ"))
+    return f"{module}.{mangled.removeprefix('x_')}"
+
+
+def summarise(
+    path: str, codes: dict[str, int | None], equivalent: dict[str, dict[str, str]], diffs: dict[str, str]
+) -> tuple[dict[str, float | int], list[str]]:
+    """One module's row of the report, and each mutant left alive with its diff."""
+    killed = equiv = survived = no_tests = 0
+    left = []
+    for name, code in sorted(codes.items()):
+        if code in KILLED:
+            killed += 1
+            continue
+        entry = equivalent.get(name)
+        if entry is not None and entry["change"].strip() in changed_lines(diffs[name]):
+            equiv += 1
+            continue
+        if code == NO_TESTS:
+            no_tests += 1
+        else:
+            survived += 1
+        stale = " (equivalent.toml entry is stale: the change differs)" if entry else ""
+        status = "survived" if code in SURVIVED else f"not killed, exit code {code}"
+        left.append(f"# {name}: {status}{stale}\n{diffs[name]}")
+    n = len(codes)
+    score = killed / (n - equiv) if n > equiv else 1.0
+    row: dict[str, float | int] = {
+        "mutants": n,
+        "killed": killed,
+        "survived": survived,
+        "no_tests": no_tests,
+        "equivalent": equiv,
+        "score": round(score, 4),
+    }
+    return row, left
+
+
+def untested_functions(by_file: dict[str, dict[str, int | None]]) -> dict[str, int]:
+    """Functions no selected test calls, with how many of their mutants went untested for it."""
+    out: dict[str, int] = defaultdict(int)
+    for codes in by_file.values():
+        for name, code in codes.items():
+            if code == NO_TESTS:
+                out[function_of(name)] += 1
+    return dict(sorted(out.items()))
+
+
+def verdict(
+    report: dict[str, dict[str, float | int]], untested: dict[str, int], min_score: float = MIN_SCORE
+) -> list[str]:
+    """What makes the run fail; empty when every module is tested and scores at least ``min_score``."""
+    problems = []
+    if untested:
+        names = ", ".join(f"{name} ({n} mutants)" for name, n in untested.items())
+        problems.append(
+            f"no test that its group selects calls {names}: add a test that does, or add the test file "
+            "that has one to the group's tests in pyproject.toml [tool.lah-mutation]"
+        )
+    for path, row in sorted(report.items()):
+        if row["score"] < min_score:
+            problems.append(
+                f"{path} scores {row['score']:.4f} ({row['killed']} of {row['mutants']} mutants killed, "
+                f"{row['equivalent']} equivalent), under {min_score}"
+            )
+    return problems
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("groups", nargs="*", help="groups of [tool.lah-mutation] (default: all)")
@@ -157,6 +237,7 @@ def main() -> None:
         raise SystemExit(f"unknown groups {unknown}; known: {sorted(groups)}")
     equivalent = {e["name"]: e for e in tomllib.loads(EQUIVALENT.read_text("utf-8"))["mutant"]}
     report: dict[str, dict[str, float | int]] = {}
+    untested: dict[str, int] = {}
     survivors: list[str] = []
     started = time.monotonic()
     for group in chosen:
@@ -168,34 +249,25 @@ def main() -> None:
             globs = mutant_globs(spec["mutate"], spec["functions"]) if spec.get("functions") else []
             run_group(scratch, globs, args.max_children)
         by_file = results(scratch, spec)
-        counts: dict[str, int] = defaultdict(int)
         left = sorted(k for codes in by_file.values() for k, v in codes.items() if v not in KILLED)
         diffs = diffs_of(scratch, left)
+        count = 0
         for path, codes in by_file.items():
-            killed = equiv = 0
-            for name, code in sorted(codes.items()):
-                if code in KILLED:
-                    killed += 1
-                    continue
-                entry = equivalent.get(name)
-                if entry is not None and entry["change"].strip() in changed_lines(diffs[name]):
-                    equiv += 1
-                    continue
-                stale = " (equivalent.toml entry is stale: the change differs)" if entry else ""
-                status = "survived" if code in SURVIVED else f"not killed, exit code {code}"
-                survivors.append(f"# {name}: {status}{stale}\n{diffs[name]}")
-                counts["left"] += 1
+            report[path], texts = summarise(path, codes, equivalent, diffs)
+            survivors += texts
+            count += len(texts)
             for warning in check_equivalents(path, codes, equivalent):
                 print(warning, file=sys.stderr)
-            n = len(codes)
-            score = killed / (n - equiv) if n > equiv else 1.0
-            report[path] = {"mutants": n, "killed": killed, "equivalent": equiv, "score": round(score, 4)}
-        print(f"{group}: {time.monotonic() - t0:.0f} s, {counts['left']} left", file=sys.stderr)
+        untested.update(untested_functions(by_file))
+        print(f"{group}: {time.monotonic() - t0:.0f} s, {count} left", file=sys.stderr)
     (BUILD / "survivors.txt").write_text("\n".join(survivors), "utf-8")
     for text in survivors:
         print(text)
     print(f"mutation: {time.monotonic() - started:.0f} s; survivors in {BUILD / 'survivors.txt'}")
     print(json.dumps(report))
+    problems = verdict(report, untested)
+    if problems:
+        raise SystemExit("mutation: FAILED\n" + "\n".join(f"- {p}" for p in problems))
 
 
 if __name__ == "__main__":

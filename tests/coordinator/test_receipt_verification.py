@@ -19,7 +19,7 @@ from coordinator.receipts import (
     verify_receipt,
 )
 from engine.p2p.identity import Identity
-from engine.wire.statements import BIND_DOMAIN, bind_message
+from engine.wire.statements import ASSIGNMENT_DOMAIN, BIND_DOMAIN, assignment_signed_bytes, bind_message
 
 HOST = "ab" * 20
 
@@ -33,6 +33,17 @@ def test_bind_message_bytes() -> None:
     assert bind_message(42) == b"lah-bind-host-v1\x0042"
     assert bind_message(42).startswith(BIND_DOMAIN)
     assert bind_message(7) != bind_message(70)
+
+
+def test_assignment_signed_bytes() -> None:
+    # What the coordinator signs and every DHT reader re-builds to check a declared host's proof: the
+    # two must agree byte for byte, an int expiry signed as the float the declaration carries.
+    key = bytes(range(32))
+    data = assignment_signed_bytes(bytearray(key), "ffn.0.3", "ffn", 1_800_000_000)
+    assert data.startswith(ASSIGNMENT_DOMAIN)
+    fields = msgspec.msgpack.decode(data[len(ASSIGNMENT_DOMAIN) :])
+    assert fields == [key, "ffn.0.3", "ffn", 1_800_000_000.0] and type(fields[3]) is float
+    assert data == assignment_signed_bytes(key, "ffn.0.3", "ffn", 1_800_000_000.0)
 
 
 def test_pool_worker_verdicts() -> None:

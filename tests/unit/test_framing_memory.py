@@ -3,7 +3,18 @@
 import pytest
 
 from engine.p2p.errors import ProtocolError
-from engine.p2p.framing import ABORT, DATA, FIRST, Deframer, LinkMemory, abort_frame, data_frames, is_abort
+from engine.p2p.framing import (
+    ABORT,
+    DATA,
+    DATA_OVERHEAD,
+    FIRST,
+    Deframer,
+    LinkMemory,
+    abort_frame,
+    data_frames,
+    is_abort,
+    window_frame,
+)
 
 
 def first_frame(message_id: int, declared: int, payload: bytes = b"") -> bytes:
@@ -67,3 +78,43 @@ def test_link_memory_admits_extras_while_they_fit_and_always_one() -> None:
     assert m.try_charge(1)
     assert m.peak == 140 and m.used == 41 and m.extra == 41
     assert m.try_charge(0)
+
+
+def test_a_deframer_without_a_budget_gets_one_as_large_as_its_window() -> None:
+    # The window already bounds wire bytes; decoded extras may fill the rest of it, no more.
+    d = Deframer(window=1000, max_message_bytes=500)
+    assert d.memory is not None
+    assert d.memory.try_charge(600) and d.memory.try_charge(400)
+    assert not d.memory.try_charge(1)
+
+
+def test_only_a_data_frame_flagged_abort_is_an_abort() -> None:
+    # The channel routes on is_abort before the deframer sees a frame: a WINDOW frame whose credit
+    # happens to start with byte 4, a short frame or a DATA frame with other flags must not be taken.
+    assert is_abort(bytes([DATA, ABORT]))  # the shortest: kind and flags, as the check reads them
+    assert is_abort(abort_frame(0xFFFFFFFF))
+    assert not is_abort(b"") and not is_abort(bytes([DATA]))
+    assert not is_abort(window_frame(ABORT)) and window_frame(ABORT)[1] == ABORT
+    assert not is_abort(next(data_frames(1, [b"x"], 100)))
+    assert not is_abort(bytes([DATA, ABORT | FIRST]) + bytes(4))
+
+
+def test_every_abort_and_every_refusal_is_counted() -> None:
+    d = Deframer(window=1 << 20, max_message_bytes=1 << 19)
+    for message_id in (1, 2):
+        d.feed(next(data_frames(message_id, [bytes(300)], 100)))
+    assert d.abort(abort_frame(1)) == 100 - DATA_OVERHEAD
+    assert d.abort(abort_frame(2)) == 100 - DATA_OVERHEAD
+    assert d.aborted == 2
+    m = LinkMemory(capacity=100)
+    assert m.try_charge(90)
+    assert not m.try_charge(20) and not m.try_charge(20)
+    assert m.refused == 2
+
+
+def test_a_zero_extra_is_admitted_even_over_the_budget() -> None:
+    # A request without tensors decodes to nothing more: it never waits behind a big one.
+    m = LinkMemory(capacity=100)
+    assert m.try_charge(150)  # alone, so admitted past the capacity
+    assert m.try_charge(0)
+    assert (m.used, m.extra, m.refused) == (150, 150, 0)

@@ -30,7 +30,7 @@ import torch
 from engine.lm import CallCounters, Corpus, CsvLog, LmConfig, Metrics, TrainSettings, grid_name, train
 from engine.moe import ExpertCallFailed, NotEnoughExperts
 from engine.trainer import TrainerNode
-from engine.trainer.lm import layer_config, mixtures, remote_lm
+from engine.trainer.lm import layer_config, mixtures, remote_lm, trainer_threads
 
 from .demo import wait_for_experts
 from .lm_progress import ProgressPoster, model_sample
@@ -139,7 +139,7 @@ def run_lm(
     linger: float = 0.0,
 ) -> LmRun:
     """Train ``lm`` on ``corpus`` through ``volunteers`` volunteer processes (module docstring)."""
-    torch.set_num_threads(1)  # tiny matrices, and the volunteers' processes want the cores too
+    torch.set_num_threads(trainer_threads())
     digest = corpus.tokenizer.digest if corpus.tokenizer is not None else ""
     experiment = lm_experiment(lm, settings, digest=digest)
     cfg = layer_config(lm, EXPERIMENT, **(trainer_options or {}))

@@ -336,7 +336,11 @@ def _run(
         cfg = experiment.trainer
         lm = not isinstance(experiment, Experiment)
         if lm:
+            from engine.trainer.lm import trainer_threads
+
             from .train_lm import open_lm_data
+
+            torch.set_num_threads(trainer_threads())
 
             dataset = open_lm_data(experiment, data, lm_options["tokenizer"])
             if samples is not None:

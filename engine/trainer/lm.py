@@ -10,6 +10,7 @@ tokens is not lost to one of them. :func:`local_lm` is the same model with every
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,15 @@ from engine.moe.mixture import CallRecord, ExpertFinder
 
 from .trainer import TrainerConfig, remote_mixture
 
-__all__ = ["layer_config", "local_lm", "mixtures", "remote_lm"]
+__all__ = ["layer_config", "local_lm", "mixtures", "remote_lm", "trainer_threads"]
+
+
+def trainer_threads() -> int:
+    """Torch threads for a language model's trainer: its dense part computes while the volunteers wait
+    for it, and they compute while it waits, so it may take the machine's cores for its phase (at most
+    four: its matrices are small). One thread measured 15-20% slower through 4 volunteer processes on
+    two cores (benchmarks/lm_quality.py's remote phase)."""
+    return max(1, min(4, os.cpu_count() or 1))
 
 
 def layer_config(lm: LmConfig, experiment: str, **overrides: Any) -> TrainerConfig:

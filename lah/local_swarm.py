@@ -58,6 +58,7 @@ class LocalSwarm:
         self._own_loop = loop is None
         self.running: Any = None
         self.processes: list[subprocess.Popen[str]] = []
+        self._cpu_at_start = 0.0
         self.volunteer_ids: dict[str, str] = {}  # peer id -> volunteer name
         self.hosted: dict[str, list[str]] = {}  # volunteer name -> uids
         self.trainers: list[TrainerNode] = []
@@ -88,6 +89,7 @@ class LocalSwarm:
         self.stop()
 
     def start(self) -> None:
+        self._cpu_at_start = _cpu(psutil.Process())  # this process may have trained before (benchmarks)
         from coordinator.app import start_full
         from coordinator.config import CoordinatorConfig
 
@@ -134,8 +136,9 @@ class LocalSwarm:
         return node
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU time (user + system) of this process and of each volunteer process so far."""
-        out = {"trainer_process": _cpu(psutil.Process())}
+        """CPU time (user + system) of this process since the swarm started (the coordinator and the
+        trainers in it) and of each volunteer process so far."""
+        out = {"trainer_process": _cpu(psutil.Process()) - self._cpu_at_start}
         for proc, name in zip(self.processes, self.volunteer_ids.values(), strict=False):
             try:
                 out[name] = _cpu(psutil.Process(proc.pid))

@@ -84,8 +84,10 @@ def test_lah_train_trains_checkpoints_resumes_and_refuses_other_tokens(tmp_path:
         done = _lah(swarm.url, home, "--steps", "100")
         assert done.returncode == 0, done.stdout + done.stderr
         assert "step 100: loss" in done.stdout and "credited" in done.stdout, done.stdout
+        assert "1,003,854 training and 111,540 validation tokens (the first 90%" in done.stdout, done.stdout
         folder = home / "lm-tiny"
         assert len(list((folder / "checkpoints").glob("ckpt-*.safetensors"))) == 1
+        assert list((folder / "tensorboard").glob("events.out.tfevents.*")), "no TensorBoard events"
         again = _lah(swarm.url, home, "--steps", "100", "--resume")
         assert again.returncode == 0, again.stdout + again.stderr
         assert "resumed at step 100" in again.stdout and "step 200: loss" in again.stdout, again.stdout

@@ -102,23 +102,14 @@ class Collaboration:
 
 def lm_of(experiment: dict[str, Any]) -> LmExperiment:
     """The model, the layers' trainer config and the loop's settings of an ``lm`` experiment's JSON."""
-    from engine.lm import LmConfig, LmError, TrainSettings, grid_name
+    from engine.lm import LmError, TrainSettings, grid_name
+    from engine.swarm.experiment import lm_config
     from engine.trainer.lm import layer_config
 
     try:
         spec = experiment["lm"]
         name = str(experiment["name"])
-        lm = LmConfig(
-            vocab_size=int(spec["vocab_size"]),
-            context=int(spec["context"]),
-            layers=int(spec["layers"]),
-            heads=int(spec["heads"]),
-            dim=int(spec["dim"]),
-            moe_every=int(spec["moe_every"]),
-            grid=tuple(int(n) for n in experiment["grid"]),
-            k_best=int(spec["k_best"]),
-            expert_hidden=int(spec.get("expert_hidden", 0)),
-        )
+        lm = lm_config(experiment)
         trainer = layer_config(
             lm,
             name,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +19,7 @@ from engine.lm import LmConfig, LmError, grid_name
 
 from .errors import Mismatch, SwarmError
 
-__all__ = ["LAYER_TYPES", "Experiment", "Grid", "check_layer", "parse_experiment"]
+__all__ = ["LAYER_TYPES", "Experiment", "Grid", "check_layer", "lm_config", "parse_experiment"]
 
 #: Expert types whose input is one vector per sample, which a mixture over ``[tokens, dim]`` calls.
 LAYER_TYPES = frozenset({"ffn"})
@@ -54,6 +55,23 @@ class Experiment:
     raw: dict[str, Any]  # the coordinator's JSON, for what this does not name
 
 
+def lm_config(raw: Mapping[str, Any]) -> LmConfig:
+    """The model a language-model experiment's JSON describes (``lah train`` builds the same one).
+    Raises KeyError, TypeError, ValueError or :class:`~engine.lm.LmError` for one it cannot read."""
+    spec = raw["lm"]
+    return LmConfig(
+        vocab_size=int(spec["vocab_size"]),
+        context=int(spec["context"]),
+        layers=int(spec["layers"]),
+        heads=int(spec["heads"]),
+        dim=int(spec["dim"]),
+        moe_every=int(spec["moe_every"]),
+        grid=tuple(int(n) for n in raw["grid"]),
+        k_best=int(spec["k_best"]),
+        expert_hidden=int(spec.get("expert_hidden", 0)),
+    )
+
+
 def parse_experiment(raw: dict[str, Any]) -> Experiment:
     """The experiment's grids and training numbers; :class:`SwarmError` for a config it cannot read."""
     try:
@@ -62,17 +80,7 @@ def parse_experiment(raw: dict[str, Any]) -> Experiment:
         target = int(raw.get("target_batch_size", 0))
         if kind == "lm":
             spec = raw["lm"]
-            lm = LmConfig(
-                vocab_size=int(spec["vocab_size"]),
-                context=int(spec["context"]),
-                layers=int(spec["layers"]),
-                heads=int(spec["heads"]),
-                dim=int(spec["dim"]),
-                moe_every=int(spec["moe_every"]),
-                grid=shape,
-                k_best=int(spec["k_best"]),
-                expert_hidden=int(spec.get("expert_hidden", 0)),
-            )
+            lm = lm_config(raw)
             hidden = lm.expert_spec.hidden or 0
             grids = [Grid(grid_name(name, b), shape, lm.dim, hidden, "ffn", lm.k_best) for b in lm.moe_blocks]
             batch, lr = int(spec["batch_size"]), float(spec["lr"])

@@ -33,11 +33,20 @@ from typing import Any
 
 from engine.dht.errors import DHTError
 from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
-from engine.node.tokens import Credentials
 from engine.p2p.errors import P2PError
 
-from .train import TrainError, _explain, _prepare, config_of, default_data_dir
 from .train_credentials import TrainerCredentials
+from .train_data import config_of
+from .trainer_session import (
+    TrainError,
+    default_data_dir,
+    explain,
+    kept_login,
+    leave,
+    pin_from_environment,
+    prepare,
+    start_node,
+)
 
 __all__ = ["ExportError", "run_export"]
 
@@ -118,8 +127,6 @@ def _run(
     from engine.moe import LoopThread
     from engine.moe.gather import gather_experts
     from engine.node.lock import InstanceLock
-    from engine.p2p import Identity
-    from engine.p2p.patches import pin_host_addresses
     from engine.trainer import TrainerNode
 
     if out.is_dir():
@@ -128,21 +135,14 @@ def _run(
     if not (folder.is_dir() and os.access(folder, os.W_OK)):  # found out now, not after the gathering
         raise ExportError(f"cannot write {out}: {folder} is not a folder this user may write in")
     store = TrainerCredentials(data_dir, token_file)
-    stored = store.load(url)
-    if stored is None:
-        raise ExportError(
-            f"no trainer login for {url}: run `lah train login --coordinator {url} --name NAME --code CODE` "
-            "with the code from the project's operator (lah coordinator grant-trainer NAME)"
-        )
-    pinned = os.environ.get("LAH_HOST_ADDRESSES")  # e.g. 127.0.0.1 for local swarms and tests
-    if pinned:
-        pin_host_addresses([a.strip() for a in pinned.split(",") if a.strip()])
+    stored = kept_login(store, url)
+    pin_from_environment()
     lock = InstanceLock(data_dir / "export.lock")
     lock.acquire()
     loop = LoopThread("export-loop")
     node: TrainerNode | None = None
     try:
-        credentials, account, spec = loop.run(_prepare(_api(url), store, stored, name), 60)
+        credentials, account, spec = loop.run(prepare(_api(url), store, stored, name), 60)
         experiment = config_of(spec)
         if getattr(experiment, "lm", None) is None:
             raise ExportError(f"{name} is not a language model (kind lm): lah export writes language models")
@@ -151,16 +151,8 @@ def _run(
         dense = _dense(experiment, checkpoint or data_dir / f"lm-{name}")
         prefixes = expert_prefixes(lm, name)
 
-        def keep(refreshed: Credentials) -> None:  # the old token is revoked: store the new one first
-            store.save(url, refreshed)
-
-        identity = Identity.load_or_create(data_dir / "export-identity.key")
-        node = TrainerNode(
-            url, account, loop=loop, identity=identity, config=experiment.trainer,
-            credentials=credentials, on_credentials=keep,
-        )  # fmt: skip
-        loop.run(node.start(), 60)
-        assert node.peer is not None and node.finder is not None
+        identity_file = data_dir / "export-identity.key"
+        node = start_node(url, account, loop, identity_file, experiment.trainer, credentials, store)
         hosts = loop.run(_find_hosts(node.finder, experiment.grids, lm.grid, FIND_S), FIND_S + 30)
         found = sum(1 for h in hosts.values() if h)
         say(f"{account} joined {name}: hosts found for {found} of {len(hosts)} experts")
@@ -210,17 +202,9 @@ def _run(
         _summary(say, gathered, missing, dense, len(blob), out)
         return 0
     except CoordinatorError as e:
-        raise ExportError(_explain(e, url, name)) from e
+        raise ExportError(explain(e, url, name)) from e
     finally:
-        if node is not None:
-            if (refused := node.refused_line()) is not None:
-                say(refused)
-            try:
-                loop.run(node.stop(), 30)
-            except Exception:
-                logger.exception("leaving the swarm failed")
-        loop.close()
-        lock.release()
+        leave(node, loop, lock, say)
 
 
 def _api(url: str) -> Any:

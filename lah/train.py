@@ -27,173 +27,45 @@ import getpass
 import hashlib
 import logging
 import math
-import os
 import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 from engine.dht.errors import DHTError
 from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
-from engine.node.tokens import Credentials
 from engine.p2p.errors import P2PError
 
-from .train_credentials import TrainerCredentials, default_trainer_dir, fresh
+from .train_credentials import TrainerCredentials
+from .train_data import Experiment, config_of, load_data
+from .trainer_session import (
+    TrainError,
+    default_data_dir,
+    explain,
+    kept_login,
+    leave,
+    pin_from_environment,
+    prepare,
+    start_node,
+)
 
-__all__ = ["TrainError", "config_of", "login_command", "run_train", "train_main"]
+__all__ = [
+    "TrainError",
+    "config_of",
+    "default_data_dir",
+    "load_data",
+    "login_command",
+    "run_train",
+    "train_main",
+]
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_EVERY_S = 10.0  # alone, or between collaborative steps: a line at least this often
 WAIT_PEERS_S = 120.0  # --wait-peers: the longest a trainer waits for the others before it starts
-
-
-class TrainError(Exception):
-    """A problem the researcher can fix (exit status 2): the message says how."""
-
-
-def default_data_dir() -> Path:
-    """The one a researcher's own script (``engine.swarm``) uses too: one login serves both."""
-    return default_trainer_dir()
-
-
-@dataclass(frozen=True)
-class Experiment:
-    trainer: Any  # engine.trainer.TrainerConfig
-    in_features: int
-    classes: int
-    dataset: str
-
-
-def config_of(experiment: dict[str, Any]) -> Any:
-    """The TrainerConfig (and the dense model's ends) for an experiment's JSON config; a language
-    model's: :class:`lah.train_lm.LmExperiment`."""
-    from engine.trainer import TrainerConfig
-
-    if experiment.get("kind") == "lm":
-        from .train_lm import LmTrainError, lm_of
-
-        try:
-            return lm_of(experiment)
-        except LmTrainError as e:
-            raise TrainError(str(e)) from e
-    try:
-        hp = experiment.get("hyperparams", {})
-        dense = experiment.get("dense", {})
-        if experiment["expert_type"] != "ffn":
-            raise TrainError(
-                f"lah train builds ffn experts' mixtures; this experiment's are {experiment['expert_type']!r}"
-            )
-        config = TrainerConfig(
-            uid_prefix=str(experiment["name"]),
-            grid=tuple(int(n) for n in experiment["grid"]),
-            dim=int(hp.get("d_model", hp.get("dim", 64))),
-            hidden=int(hp.get("hidden", 256)),
-            k_best=int(dense.get("k_best", 4)),
-            batch_size=int(dense.get("batch_size", 64)),
-            lr=float(dense.get("lr", 3e-3)),
-            target_batch_size=int(experiment.get("target_batch_size", 0)),
-        )
-        return Experiment(
-            config,
-            int(dense.get("in_features", 64)),
-            int(dense.get("classes", 10)),
-            str(dense.get("dataset", "digits")),
-        )
-    except (KeyError, TypeError, ValueError) as e:
-        raise TrainError(f"the coordinator's experiment config is not one lah train understands: {e}") from e
-
-
-NPZ_MAGIC = b"PK\x03\x04"  # an .npz is a zip archive of .npy files
-SAVE_AS = "save it with numpy.savez(FILE, x=samples_by_features, y=labels)"
-
-
-def read_npz(path: Path) -> tuple[Any, Any]:
-    """``x`` (float32) and ``y`` from an ``.npz``; TrainError says what the file is instead. Only numeric
-    arrays are read: an object array would be unpickled, and a pickle can run any code, so such a file
-    is refused whatever its source (and numpy's hint to allow that is never passed on)."""
-    import zipfile
-
-    import numpy as np
-
-    try:
-        with open(path, "rb") as f:
-            head = f.read(512)
-    except OSError as e:
-        raise TrainError(f"cannot read {path}: {e.strerror or e}") from e
-    if not head:
-        raise TrainError(
-            f"cannot read {path}: the file is empty; the experiment needs arrays x and y ({SAVE_AS})"
-        )
-    if not head.startswith(NPZ_MAGIC):
-        what = "a text file" if b"\0" not in head and _decodes(head) else "not an .npz file"
-        raise TrainError(f"cannot read {path}: it is {what}, not an .npz with arrays x and y ({SAVE_AS})")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            if "x" not in npz.files or "y" not in npz.files:
-                held = ", ".join(npz.files) or "nothing"
-                raise TrainError(f"{path} holds {held}, not the arrays x and y ({SAVE_AS})")
-            x, y = npz["x"], npz["y"]
-    except (zipfile.BadZipFile, EOFError, OSError) as e:
-        raise TrainError(f"cannot read {path}: a damaged or cut-short .npz file ({type(e).__name__})") from e
-    except ValueError as e:
-        raise TrainError(
-            f"cannot read {path}: it holds Python objects rather than numbers; lah train reads numbers only "
-            f"({SAVE_AS})"
-        ) from e
-    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
-        raise TrainError(f"{path}: x and y must hold numbers (x holds {x.dtype}, y {y.dtype})")
-    return np.asarray(x, dtype=np.float32), np.asarray(y)
-
-
-def _decodes(head: bytes) -> bool:
-    try:
-        head.decode("utf-8")
-    except UnicodeDecodeError as e:
-        return e.start >= len(head) - 3  # cut in the middle of a character at the end: still text
-    return True
-
-
-def load_data(experiment: Experiment, data: Path | None) -> Any:
-    """The experiment's data set: digits (sklearn's, bundled), or ``data``: an ``.npz`` with ``x``
-    (samples x in_features) and ``y`` (class labels), split 80/20 with a fixed seed."""
-    import numpy as np
-    import torch
-
-    from engine.trainer import Digits, load_digits_split
-
-    if data is None:
-        if experiment.dataset != "digits":
-            raise TrainError(f"the experiment trains on {experiment.dataset!r}: pass it with --data FILE.npz")
-        digits = load_digits_split(seed=experiment.trainer.seed)
-        x_tr, y_tr, x_te, y_te = digits.x_train, digits.y_train, digits.x_test, digits.y_test
-    else:
-        x, y = read_npz(data)
-        if (
-            x.ndim != 2
-            or y.ndim != 1
-            or len(x) != len(y)
-            or len(x) < 2
-            or not np.issubdtype(y.dtype, np.integer)
-        ):
-            raise TrainError(f"{data}: x must be samples x features and y one integer label per sample")
-        order = np.random.default_rng(0).permutation(len(x))
-        cut = max(1, int(0.8 * len(x)))
-        tr, te = order[:cut], order[cut:]
-        x_tr, y_tr = torch.from_numpy(x[tr]), torch.from_numpy(y[tr].astype(np.int64))
-        x_te, y_te = torch.from_numpy(x[te]), torch.from_numpy(y[te].astype(np.int64))
-    if x_tr.shape[1] != experiment.in_features:
-        raise TrainError(
-            f"the data has {x_tr.shape[1]} features; the experiment's model takes {experiment.in_features}"
-        )
-    labels = torch.cat([y_tr, y_te])
-    if int(labels.min()) < 0 or int(labels.max()) >= experiment.classes:
-        raise TrainError(f"labels must lie in [0, {experiment.classes}) for this experiment")
-    return Digits(x_tr, y_tr, x_te, y_te)
 
 
 async def login_command(coordinator: str, name: str, code: str, store: TrainerCredentials) -> str:
@@ -303,35 +175,21 @@ def _run(
     from engine.moe import LoopThread
     from engine.node.coordinator_api import CoordinatorApi
     from engine.node.lock import InstanceLock
-    from engine.p2p import Identity
-    from engine.p2p.patches import pin_host_addresses
     from engine.trainer import Trainer, TrainerNode, remote_model
 
     from .demo import wait_for_experts
 
     data_dir = data_dir or default_data_dir()
     store = TrainerCredentials(data_dir, token_file)
-    stored = store.load(url)
-    if stored is None:
-        from engine.p2p import eventloop
-
-        not_there = eventloop.run(_no_coordinator(url))
-        if not_there is not None:  # a mistyped URL: say that, not that the login is missing
-            raise TrainError(f"{not_there}: check --coordinator (no trainer login is kept for it either)")
-        raise TrainError(
-            f"no trainer login for {url}: run `lah train login --coordinator {url} --name NAME --code CODE` "
-            "with the code from the project's operator (lah coordinator grant-trainer NAME)"
-        )
-    pinned = os.environ.get("LAH_HOST_ADDRESSES")  # e.g. 127.0.0.1 for local swarms and tests
-    if pinned:
-        pin_host_addresses([a.strip() for a in pinned.split(",") if a.strip()])
+    stored = kept_login(store, url)
+    pin_from_environment()
     torch.set_num_threads(1)  # small dense layers: threads only contend
     lock = InstanceLock(data_dir / "train.lock")
     lock.acquire()
     loop = LoopThread("train-loop")
     node: TrainerNode | None = None
     try:
-        credentials, account, spec = loop.run(_prepare(CoordinatorApi(url), store, stored, name), 60)
+        credentials, account, spec = loop.run(prepare(CoordinatorApi(url), store, stored, name), 60)
         experiment = config_of(spec)
         cfg = experiment.trainer
         lm = not isinstance(experiment, Experiment)
@@ -349,22 +207,9 @@ def _run(
             if lm_options["tokenizer"] is not None or lm_options["resume"]:
                 raise TrainError("--tokenizer and --resume are for experiments of kind lm")
             dataset = load_data(experiment, data)
-        identity = Identity.load_or_create(data_dir / "identity.key")
-
-        def keep(refreshed: Credentials) -> None:  # the old token is revoked: store the new one first
-            store.save(url, refreshed)
-
-        node = TrainerNode(
-            url,
-            account,
-            loop=loop,
-            identity=identity,
-            config=cfg,
-            credentials=credentials,
-            on_credentials=keep,
-        )
-        loop.run(node.start(), 60)
+        node = start_node(url, account, loop, data_dir / "identity.key", cfg, credentials, store)
         assert node.peer is not None and node.finder is not None
+        identity = node.identity
         grids = experiment.grids if lm else [cfg.uid_prefix]
         uids = [f"{g}.{i}.{j}" for g in grids for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
         seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
@@ -415,66 +260,9 @@ def _run(
         )
         return 0
     except CoordinatorError as e:
-        raise TrainError(_explain(e, url, name)) from e
+        raise TrainError(explain(e, url, name)) from e
     finally:
-        if node is not None:
-            if (refused := node.refused_line()) is not None:
-                say(refused)
-            try:
-                loop.run(node.stop(), 30)
-            except Exception:
-                logger.exception("leaving the swarm failed")
-        loop.close()
-        lock.release()
-
-
-async def _prepare(
-    api: Any, store: TrainerCredentials, stored: Credentials, name: str
-) -> tuple[Credentials, str, dict[str, Any]]:
-    """Fresh credentials carrying the account's role, the account's name and the experiment's config."""
-    try:
-        credentials = await fresh(api, store, stored)
-        me = await api.get("/api/me", credentials.token)
-        if me["token"]["role"] != me["account"]["role"]:  # granted since: a token carrying the new role
-            credentials = await api.refresh(credentials)
-            store.save(api.url, credentials)
-        spec = await api.experiment(credentials.token, name)
-        return credentials, str(me["account"]["name"]), spec
-    finally:
-        await api.close()
-
-
-PROBE_TIMEOUT_S = 10.0
-
-
-async def _no_coordinator(url: str) -> str | None:
-    """None when a coordinator answers at ``url``; else why not, in a sentence."""
-    from engine.node.coordinator_api import CoordinatorApi
-
-    api = CoordinatorApi(url, timeout=PROBE_TIMEOUT_S)
-    try:
-        await api.get("/healthz")
-    except CoordinatorUnreachable as e:
-        return f"the coordinator at {url} is unreachable ({str(e).removeprefix(url + ' unreachable: ')})"
-    except CoordinatorError as e:
-        if e.status == 404:
-            return f"{url} answers, but not as a Learning@home coordinator (no /healthz)"
-    finally:
-        await api.close()
-    return None  # it answered (a 503 too: a coordinator whose database is away is still there)
-
-
-def _explain(e: CoordinatorError, url: str, name: str) -> str:
-    if e.status == 401:
-        return (
-            f"the trainer login for {url} is no longer valid ({e.code}): ask the operator for a new code "
-            "(lah coordinator grant-trainer NAME) and run `lah train login` again"
-        )
-    if e.code == "not_a_trainer":
-        return "this account is not a trainer: ask the operator to run `lah coordinator grant-trainer NAME`"
-    if e.code == "unknown_experiment":
-        return f"the coordinator at {url} runs no experiment called {name!r}"
-    return f"the coordinator refused: {e.code}: {e.message}"
+        leave(node, loop, lock, say)
 
 
 def _wait_for_peers(

@@ -21,8 +21,9 @@ from coordinator.trainers import grant_trainer
 from engine.node.coordinator_api import CoordinatorApi
 from engine.node.errors import CoordinatorError
 from engine.node.tokens import Credentials
-from lah.train import _prepare, login_command, run_train
+from lah.train import login_command, run_train
 from lah.train_credentials import TrainerCredentials, fresh
+from lah.trainer_session import prepare
 
 from . import accounts_helpers as h
 
@@ -73,7 +74,7 @@ async def test_a_grant_after_the_login_gives_a_token_with_the_trainer_role(
     creds = Credentials(account.id, token, claims.exp + 86400)  # as if far from its end: no refresh for that
     store = TrainerCredentials(tmp_path, tmp_path / "token.json")
     await grant_trainer(server.services.accounts, "ada", by=None)
-    got, name, spec = await _prepare(CoordinatorApi(server.url), store, creds, "ffn")
+    got, name, spec = await prepare(CoordinatorApi(server.url), store, creds, "ffn")
     assert name == "ada" and spec["name"] == "ffn"
     assert server.services.tokens.decode(got.token).role == "trainer" and store.load(server.url) == got
 

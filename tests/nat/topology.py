@@ -227,8 +227,8 @@ class Testbed:
     secret: str = "lah-nat-testbed-secret"
     turn_ttl_s: int = 600
     # Offloads off (MTU-sized packets everywhere): what throughput comparisons need. The fault tests
-    # keep the kernel's defaults; with per-packet loss, aiortc's DTLS handshake under 5% loss
-    # sometimes outlasts a 15 s connect timeout (see the WAN note in ARCHITECTURE.md).
+    # keep the kernel's defaults (per-packet loss then loses handshake flights, which
+    # engine/p2p/patches/handshake.py resends on the path's round trip).
     real_packets: bool = False
     prefix: str = field(default_factory=lambda: f"lahnat{os.getpid()}")
     namespaces: list[str] = field(default_factory=list)

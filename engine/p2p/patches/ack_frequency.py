@@ -9,7 +9,7 @@ samples the delivery rate, CUBIC counts bytes), so it loses nothing when the pee
 which is what QUIC's ACK_FREQUENCY extension (draft-ietf-quic-ack-frequency) lets a sender ask for and
 what QUIC stacks do by default (about every 10 packets). We ask for 8: 16 saved a little more CPU on
 loopback, but a window of a few dozen packets then got two SACKs a round trip, and a 64 KiB call on a
-50 ms path took a round trip more (ARCHITECTURE.md, Transport).
+50 ms path took a round trip more (docs/decisions/sack-frequency.md).
 
 What keeps a thinner SACK stream prompt where it matters is RFC 7053's I bit, which the sender sets on
 a DATA chunk after which it will wait for a SACK: its congestion window (or PRR's quota) has no room

@@ -322,6 +322,9 @@ class Volunteer:
                 await self._upkeep_once()
             except (NodeError, DHTError, P2PError, TimeoutError, OSError) as e:
                 self.note_error(f"upkeep: {e}")
+            except Exception as e:  # an answer or a bug nobody foresaw: said, and the upkeep goes on
+                logger.exception("upkeep failed")
+                self.note_error(f"upkeep: unexpected {type(e).__name__}: {e}")
 
     def _assignment_due(self) -> bool:
         if self.assignment is None:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,27 @@ def test_status_model_before_start(tmp_path: Path) -> None:
     assert status["state"] == "starting" and status["accepting"] is False
     assert status["experts"] == [] and status["requests_served"] == 0
     assert status["device"] == "cpu" and status["credit"] is None
+
+
+async def test_an_unforeseen_upkeep_failure_is_said_and_the_upkeep_goes_on() -> None:
+    """Before, any error but the expected kinds ended the upkeep task silently: no more re-assignment,
+    re-declaration or credit for the rest of the run."""
+    from engine.node.volunteer import Volunteer
+
+    volunteer = Volunteer.__new__(Volunteer)  # only the upkeep loop and its error list
+    volunteer.upkeep_interval = 0.0
+    volunteer.errors = deque(maxlen=20)
+    calls: list[int] = []
+
+    async def upkeep_once() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyError("assignment")  # e.g. a coordinator reply without a field
+        if len(calls) == 3:
+            raise asyncio.CancelledError
+
+    volunteer._upkeep_once = upkeep_once  # type: ignore[method-assign]
+    with pytest.raises(asyncio.CancelledError):
+        await volunteer._run_upkeep()
+    assert len(calls) == 3
+    assert [e["message"] for e in volunteer.errors] == ["upkeep: unexpected KeyError: 'assignment'"]

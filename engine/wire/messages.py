@@ -32,7 +32,6 @@ from typing import Any
 import msgspec
 import torch
 
-from .compression import DEFAULT_BLOCK_SIZE
 from .errors import DecodeError, EncodeError, LimitExceeded
 from .limits import DEFAULT_LIMITS, Limits
 from .tensors import Compression, TensorMeta, check_meta, decode_tensor, decoded_nbytes, encode_tensor
@@ -166,7 +165,7 @@ def _compressions(spec: Compression | Sequence[Compression], n: int) -> list[Com
 def encode_message(
     msg: Message,
     compression: Compression | Sequence[Compression] = Compression.NONE,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> list[bytes | memoryview]:
     """Pieces of one message: ``[prefix+header, payload...]``; raises ``EncodeError`` if over limits."""
@@ -212,7 +211,7 @@ def encoded_size(pieces: Sequence[bytes | memoryview]) -> int:
 def encode_message_bytes(
     msg: Message,
     compression: Compression | Sequence[Compression] = Compression.NONE,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
     limits: Limits = DEFAULT_LIMITS,
 ) -> bytes:
     """Convenience for small messages and tests, where one extra copy does not matter."""

@@ -28,13 +28,13 @@ import msgspec
 import torch
 
 from .compression import (
-    DEFAULT_BLOCK_SIZE,
     dequantize_int8,
     from_float16,
     int8_payload_nbytes,
     is_valid_block_size,
     n_blocks,
     quantize_int8,
+    row_block_size,
     to_float16,
 )
 from .errors import DecodeError, EncodeError, LimitExceeded
@@ -123,9 +123,10 @@ def _raw_view(t: torch.Tensor) -> memoryview:
 def encode_tensor(
     t: torch.Tensor,
     compression: Compression = Compression.NONE,
-    block_size: int = DEFAULT_BLOCK_SIZE,
+    block_size: int | None = None,
 ) -> tuple[TensorMeta, memoryview | bytes]:
-    """Returns metadata plus a payload; a NONE payload aliases ``t``, so don't mutate it before sending."""
+    """Returns metadata plus a payload; a NONE payload aliases ``t``, so don't mutate it before sending.
+    ``block_size`` (int8): None for a block per row where rows allow it (``row_block_size``)."""
     if not isinstance(t, torch.Tensor):
         raise EncodeError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -146,6 +147,8 @@ def encode_tensor(
     elif comp == Compression.FLOAT16:
         payload, bs = _raw_view(to_float16(t)), 0
     else:
+        if block_size is None:
+            block_size = row_block_size(shape)
         scales, q = quantize_int8(t, block_size)
         joined = torch.empty(4 * scales.numel() + q.numel(), dtype=torch.uint8)
         copy_into(joined[: 4 * scales.numel()], scales.view(torch.uint8))

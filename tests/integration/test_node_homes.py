@@ -112,7 +112,12 @@ async def test_two_nodes_with_their_own_data_dir_share_nothing(
         assert f"pid {procs[0].pid}" in refused and f"lah status --data-dir {a.data}" in refused
         assert a.lock.read_text() == str(procs[0].pid)
 
-        # ada's running node follows an edit of her settings file
+        # ada's node has said in her home's log why it waits (checked each HINT_CHECK_S), before ...
+        log = a.data / "logs" / "node.log"
+        async with asyncio.timeout(30):
+            while not log.exists() or "waiting. Nothing here tells" not in log.read_text():
+                await asyncio.sleep(0.2)
+        # ... it follows an edit of her settings file
         a.settings.write_text("only_when_idle = false\npause_when_other_cpu_percent = 0\n")
         sa = await _status(a, 30, until=lambda s: s["state"] == "running")
         assert sa["hint"] is None and sa["limits"]["only_when_idle"] is False
@@ -122,7 +127,7 @@ async def test_two_nodes_with_their_own_data_dir_share_nothing(
                 proc.send_signal(signal.SIGTERM)
         outputs = [(await asyncio.wait_for(p.communicate(), 60))[0].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outputs
-    log = (a.data / "logs" / "node.log").read_text()  # what the console said is in the home's log too
-    assert "waiting. Nothing here tells" in log and f"settings: {a.settings} changed" in log
+    said = log.read_text()  # what the console said is in the home's log too
+    assert "waiting. Nothing here tells" in said and f"settings: {a.settings} changed" in said
     assert "lah node: stopping; this run served" in outputs[0]
     assert not a.lock.exists() and not a.control.exists()

@@ -3,4 +3,6 @@
 Layers: ``models`` (tables) → ``session`` (engine and session factory from a URL) → the services
 that use them (``coordinator.accounts``, ``coordinator.ledger``, ...). Schema changes go through
 Alembic (``coordinator/migrations``), for both databases.
+
+May import: nothing
 """

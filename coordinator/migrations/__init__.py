@@ -10,6 +10,13 @@ first takes a transaction-level advisory lock (``pg_advisory_xact_lock``, keyed 
 transaction alembic then upgrades in (PostgreSQL's DDL is transactional). The second replica waits on
 the lock until the first commits, then finds the schema at head and does nothing; a replica killed
 mid-migration rolls back and releases the lock with its connection.
+
+Beside this module: ``env.py``, the environment alembic runs (async engines, or the connection
+``migrate`` passes in; the models' metadata for autogenerate), ``script.py.mako``, the template of a
+new revision, and ``versions/``, the revisions themselves (a package: its docstring says why they are
+not listed).
+
+May import: coordinator.db
 """
 
 from __future__ import annotations

@@ -22,12 +22,22 @@ Layers, bottom up (each imports only those above it in this list):
   it validates every parameter (bad ones get a 400 page), renders Jinja2 templates with autoescaping
   on, gzips pages, caches versioned static files, and answers unknown addresses and failures with the
   site's own 404 and 500 pages (``/api/`` and ``/ws/`` keep theirs).
+- ``pages``: the handlers for finding people and data (search, find-my-rank, team and host pages, the
+  exports' listing); it uses ``routes``' helpers, which import it inside ``setup_routes``.
 - ``jobs``: ``start_jobs(app, ...)``: the periodic range refresh and daily dump on the app's loop.
 - ``templates/``, ``static/``: the layout and one stylesheet; nothing is loaded from elsewhere.
 
 Leaderboard and contributor JSON live in ``coordinator.api_ledger``. Errors: ``routes.BadParam`` and
 ``search.SearchError`` (both ``ValueError``: a 400 page); ``exports.ExportError`` (``OSError``: a dump
 not written, the previous one still served).
+
+Of the coordinator, the site reads the database's models and session, the configuration, the services,
+the ledger and leaderboards, assignment, collaboration status, training and progress; ``jobs`` runs under
+a leader (one replica's work), and ``routes`` asks the signaling hub who is online on every replica.
+
+May import: coordinator.assignment, coordinator.collab_status, coordinator.config, coordinator.db,
+    coordinator.leader, coordinator.leaderboard, coordinator.ledger, coordinator.progress,
+    coordinator.services, coordinator.signaling, coordinator.training
 """
 
 from .jobs import start_jobs

@@ -14,6 +14,8 @@ Layers, bottom up (each imports only those below it)::
     matchmaking  Matchmaker: DHT key per epoch, one leader freezes the group (collab.join)
     state        snapshots, StateDonor (collab.state_manifest / collab.state_part), download_state
     optimizer    CollaborativeOptimizer: accumulate, decide, match, all-reduce, step, share state
+
+May import: engine.dht, engine.p2p, engine.wire
 """
 
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport

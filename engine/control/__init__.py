@@ -1,6 +1,8 @@
 """Local control of a running node: only the same user on the same machine may use it.
 
-Layers, bottom up (imports ``engine.node`` and ``engine.resources``; never Qt, ``app/``, ``coordinator/``)::
+Layers, bottom up (imports ``engine.node`` and ``engine.resources``, and of ``engine.p2p`` the node's
+identity, link settings and statistics and the compiled layer's state; never Qt, ``app/``,
+``coordinator/``)::
 
     protocol      JSON-lines framing, the connection file (host, port, secret, pid; mode 0600), errors
     server        ControlServer: localhost TCP; first line must carry the secret; commands below
@@ -26,6 +28,8 @@ Exceptions::
     ControlError            ``code`` + message, as sent back in error replies
     ├── Unauthorized        wrong or missing secret
     └── NodeNotRunning      no connection file, or nothing answers on its port
+
+May import: engine.files, engine.node, engine.p2p, engine.resources
 """
 
 from importlib import import_module

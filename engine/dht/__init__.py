@@ -9,7 +9,8 @@ Layers, top down (each imports only those below it)::
     node         DHTNode: bootstrap, find_node, store (k replicas), get (union, verified), upkeep
       ▼
     protocol     dht.ping / dht.store / dht.find_node / dht.find_value, served and called
-      │            records: signed record, sign/verify/encode (pure); storage: key -> {slot -> record}
+      │            storage: key -> {slot -> record}, expiry and quotas (per owner, sender, key)
+      │            records: signed record, sign/verify/encode (pure)
       ▼
     traversal    iterative lookup, alpha requests in flight, hop counting
       ▼
@@ -27,6 +28,12 @@ Exceptions (drawn in ``errors``)::
     ├── CallFailed ── CallTimeout
     ├── BadRequest
     └── RecordRejected ── BadSignature, StaleRecord, ExpiredRecord, RecordTooLarge, QuotaExceeded
+
+Outside the package: ``p2p_transport`` runs on engine.p2p's Peer and, as ``memory`` does, sends
+engine.wire's messages; ``records``, ``keys`` and ``swarm`` use engine.p2p's identity (signing,
+verifying, peer ids), and ``keys`` the bytes the coordinator signs (engine.wire.statements).
+
+May import: engine.p2p, engine.wire
 """
 
 from .errors import (

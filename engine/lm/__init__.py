@@ -1,6 +1,7 @@
 """The language model: text in, a decoder-only transformer with mixture-of-experts blocks, a loop.
 
-Layers, bottom up (each imports only those below it, and engine.moe for its experts)::
+Layers, bottom up (each imports only those below it, and engine.moe for its experts; model_file also
+engine.wire's finiteness check)::
 
     errors.py      the exception tree (LmError: DataError, TokenizerMismatch, ConfigError, ModelFileError,
                    LossNotFinite)
@@ -17,6 +18,8 @@ Layers, bottom up (each imports only those below it, and engine.moe for its expe
 
 A researcher's own model uses :class:`~engine.moe.RemoteMixtureOfExperts` the same way
 :class:`LanguageModel` does: as an ``nn.Module`` over ``[tokens, dim]``.
+
+May import: engine.moe, engine.wire
 """
 
 from __future__ import annotations

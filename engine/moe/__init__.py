@@ -1,7 +1,8 @@
 """Decentralized mixture-of-experts: hosting experts and calling them over the p2p transport.
 
-Layers, bottom up (each imports only those below it, and dht_finder also engine.dht; nothing here
-imports Qt, app/ or coordinator/)::
+Layers, bottom up (each imports only those below it, but for fused, which names backend's class for
+types only; besides engine.p2p and engine.wire, checkpoint uses engine.files and dht_finder engine.dht;
+nothing here imports Qt, app/ or coordinator/)::
 
     errors.py        the exception tree below
     registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
@@ -47,6 +48,8 @@ Exceptions (one tree)::
         ├── NotEnoughExperts   fewer than k_min experts answered a mixture layer in time
         └── BadExpertState     "bad_state": weights whose digest, names, dtypes or shapes do not check
                                out (``reason`` says which), or non-finite ones
+
+May import: engine.dht, engine.files, engine.p2p, engine.wire
 """
 
 from __future__ import annotations

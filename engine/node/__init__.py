@@ -1,7 +1,9 @@
 """The volunteer node: joins the coordinator, hosts assigned experts, and yields the machine on demand.
 
-Layers, bottom up (each imports only those below it, plus ``engine.p2p``, ``engine.dht``, ``engine.moe``
-and ``engine.resources``; never Qt, ``app/`` or ``coordinator/``)::
+Layers, bottom up (each imports only those below it, but for status, which names the Volunteer for types
+only; plus ``engine.p2p``, ``engine.dht``, ``engine.moe``, ``engine.resources``, ``engine.wire`` (the
+bytes a host binding signs, the gate's messages) and ``engine.files``; never Qt, ``app/`` or
+``coordinator/``)::
 
     errors           the exception tree below
     tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
@@ -27,6 +29,8 @@ Exceptions::
     ├── CoordinatorError        the coordinator answered with an error (``status``, ``code``)
     ├── CoordinatorUnreachable  no answer from the coordinator (after the start retries, too)
     └── AlreadyRunning          another node of this home holds the instance lock (``pid``)
+
+May import: engine.dht, engine.files, engine.moe, engine.p2p, engine.resources, engine.wire
 """
 
 from importlib import import_module

@@ -6,6 +6,8 @@ Layers, bottom up (each imports only those below it):
 - ``identity``: Ed25519 keys on disk; peer id = hash of the public key.
 - ``descriptions``: SDP offers/answers signed by the sender's identity key.
 - ``signaling_protocol`` / ``signaling``: the coordinator's WebSocket schema and its client.
+- ``native`` (a package): the compiled per-packet path (DTLS records, SCTP packets), optional; the
+  patches fall back to Python without it.
 - ``patches`` (a package) / ``eventloop``: the one place that changes aiortc's behaviour (pinned to its
   version), host candidate pinning, and uvloop where the platform has it.
 - ``framing``: sans-I/O frames, credit window and the link's memory budget (``LinkMemory``);
@@ -16,6 +18,12 @@ Layers, bottom up (each imports only those below it):
 - ``ice_servers``: the live STUN/TURN servers a new connection gathers from (probed, cached).
 - ``connection``: one verified RTCPeerConnection per remote peer (dial/accept).
 - ``peer``: the node's facade: signaling + a bounded, idle-reaped pool of links + served methods.
+- ``ice_stats``: what ICE chose for a link (the nominated pair's types) and how its SCTP sender is
+  doing, for the status lines of engine.node, engine.control and engine.collab.
+
+``identity`` writes keys with engine.files; ``connection``, ``rpc`` and ``peer`` speak engine.wire.
+
+May import: engine.files, engine.wire
 """
 
 from .connection import Link, LinkConfig

@@ -23,6 +23,8 @@ Exceptions::
         └── DataCapReached   this month's data cap is spent
 
 Readings never raise for a missing or vanished device; they return None with a reason. Imports no Qt.
+
+May import: engine.files
 """
 
 from .bandwidth import DataCapCounter, TokenBucket

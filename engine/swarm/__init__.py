@@ -20,11 +20,13 @@ another host, and the dense part steps with the experiment's other trainers when
 so, as for ``lah train``. docs/researchers.md is the guide; examples/ has two whole scripts.
 
 Modules, bottom up (each imports only those below it, and engine.trainer, engine.collab, engine.moe,
-engine.node, engine.lm; never Qt, ``app/`` or ``coordinator/``)::
+engine.node, engine.lm, engine.dht (its errors) and engine.p2p (identity, errors, and the patches
+installed at join); never Qt, ``app/`` or ``coordinator/``)::
 
     errors       the exception tree below
-    experiment   Experiment, Grid: what an experiment fixes, from the coordinator's JSON (pure);
-                 check_layer: a width, grid or expert type that does not fit, refused before any call
+    experiment   Experiment, Grid: what an experiment fixes, from the coordinator's JSON (pure),
+                 and check_layer, which refuses a width, grid or expert type that does not fit,
+                 before any call
     connect      the coordinator's address, the trainer's login and the experiment, in plain sentences
     layer        MixtureLayer: RemoteMixtureOfExperts with its input checked, any leading shape
     optimizer    SwarmOptimizer: the researcher's optimizer stepping with the others (engine.collab)
@@ -44,6 +46,8 @@ Exceptions (one tree; every message says what to do)::
 
 A step the swarm could not serve raises one of :data:`SKIPPABLE` (engine.moe's): a loop skips that
 batch and goes on.
+
+May import: engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engine.p2p, engine.trainer
 """
 
 from __future__ import annotations

@@ -12,7 +12,10 @@
                          (imported as engine.trainer.lm: the digits trainer does not load engine.lm)
 
 The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
-(its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``).
+(its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``); of engine.node the trainer
+uses that client, its errors and the Credentials it returns, never the Volunteer.
+
+May import: engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engine.p2p, engine.wire
 """
 
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split

@@ -13,6 +13,9 @@ Layers, bottom to top (each only imports the ones beneath it)::
         │
     messages.py     Kind, Header, Message: [u32 header_len][msgpack header][payloads...]
 
+Beside them, importing none of them: statements.py, the exact bytes of signed statements (host
+bindings, receipts, spot-check reports, assignments) that nodes, trainers and the coordinator all build.
+
 Exception tree (errors.py)::
 
     WireError
@@ -22,6 +25,8 @@ Exception tree (errors.py)::
 
 No pickle, no ``torch.load``, no ``eval``: a peer's bytes can only ever become
 the scalar fields and dense tensors the schema describes.
+
+May import: nothing
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ A missing or broken build (no compiler or OpenSSL headers where it was built, a 
 that fails to load) is not an error: the node runs the Python path, slower, logs one warning, and the
 app's About box and ``--self-test`` say so. ``LAH_NATIVE=0`` in the environment, or :func:`set_enabled`,
 forces the Python path (benchmarks compare both; tests force the fallback).
+
+May import: nothing
 """
 
 from __future__ import annotations

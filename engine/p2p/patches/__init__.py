@@ -82,6 +82,10 @@ sender was replaced. 256 KiB messages are not cheaper than 64 KiB.
 Not changed on purpose: SCTP_MAX_PACKET_LENGTH (1189), chunk bundling, the DTLS handshake's messages
 (:mod:`.handshake` only resends them sooner, as byte-for-byte copies), and the SDP but for the one
 attribute :mod:`.ack_frequency` adds.
+
+Of the package around it, only its exceptions and the compiled layer are used here.
+
+May import: engine.p2p.errors, engine.p2p.native
 """
 
 from __future__ import annotations

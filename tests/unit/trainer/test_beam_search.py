@@ -1,5 +1,6 @@
 """DHTExpertFinder's beam search against brute force (StaticExpertFinder), on an in-memory DHT."""
 
+import asyncio
 import random
 import time
 
@@ -104,6 +105,40 @@ async def test_failed_host_is_avoided_when_a_replica_exists() -> None:
     finder.report_failure(uid, first)
     [(_, second)] = await finder.find("ffn", scores, 1)
     assert second != first and {first, second} == {"a" * 40, "b" * 40}
+
+
+async def test_every_refresh_and_every_trainer_call_the_same_replica() -> None:
+    """The DHT answers an expert's hosts latest declared first, an order each re-declaration changes:
+    the replica called must not follow it (replicas are not averaged; alternating trained two copies
+    with half the updates each), and two trainers must agree on it."""
+    hosts = tuple(chr(ord("a") + i) * 40 for i in range(3))
+    cells = range(5)
+    flips = [0]
+
+    async def lookup(prefix: str) -> Children:
+        order = hosts if flips[0] % 2 == 0 else hosts[::-1]
+        flips[0] += 1
+        if prefix == "ffn.":
+            return {0: ("ffn.0", ())}
+        return {j: (f"ffn.0.{j}", order[j % 2 :] + order[: j % 2]) for j in cells}
+
+    now = [0.0]
+    trainers = [DHTExpertFinder(lookup, ttl_s=1, clock=lambda: now[0]) for _ in range(2)]
+    scores = [[1.0], [float(j == 4) for j in cells]]
+    picks = []
+    for step in range(6):
+        now[0] = step * 2.0  # past the TTL: every step refreshes, with the hosts in the other order
+        for _ in range(2):  # the first find starts a refresh, the second is answered by it
+            for f in trainers:
+                await f.find_batch("ffn", [scores], 5)
+            await asyncio.sleep(0)
+        picks.append([dict(await f.find("ffn", scores, 5)) for f in trainers])
+    assert flips[0] >= 6
+    first = picks[0][0]
+    assert all(p == [first, first] for p in picks)
+    assert len(set(first.values())) > 1  # the grid's experts still spread over the hosts
+    for finder in trainers:
+        await finder.close()
 
 
 async def test_slow_or_failing_first_lookup_is_bounded() -> None:

@@ -8,7 +8,8 @@ Offloads are off, so every packet is MTU-sized.
 
 Cases, interleaved per repetition: for each loss rate, ours with each controller, stock aiortc (both
 ends), TCP with ``TCP_CONGESTION`` cubic and bbr; then, without random loss, ours alone through the
-bottleneck (utilisation) and ours beside one TCP CUBIC flow (our share of the sum); then a 64 KiB call
+bottleneck (utilisation) and ours beside one TCP CUBIC flow (``fair_share``: our share of the two flows'
+bytes, see :func:`shared_window_share`); then a 64 KiB call
 whose last DATA packet is dropped (in memory, same RTT), p99 completion of its round trip. Goodput is
 counted at the receiver after a warm-up; CPU per process is a fraction of one core and a case whose
 process sits above 0.9 is flagged ``cpu_bound``; ``machine_overloaded`` says the load average exceeded
@@ -17,7 +18,8 @@ drops plus datagrams the receiving namespace's UDP sockets dropped.
 
 Usage: ``.venv/bin/python -m benchmarks.wan [--quick] [--duration 60] [--repeat 1] [--cases
 loss,bottleneck,tail] [--trace FILE]``; ``--trace`` writes our senders' cwnd, flight, srtt, pacing rate,
-bandwidth estimate and in-flight bound every 0.25 s. A process is ``cpu_bound`` when the CPU it used
+bandwidth estimate and in-flight bound every 0.25 s (and, in the shared case, the TCP CUBIC sender's cwnd,
+ssthresh, RTT and retransmissions from ``TCP_INFO``). A process is ``cpu_bound`` when the CPU it used
 plus the time it waited in the run queue exceed 0.9 of a core (on an oversubscribed box a starved
 process uses little CPU yet is limited by it). The last line printed is one JSON object.
 """
@@ -47,6 +49,17 @@ DEFAULT_CC = "bbr"
 # output), so 8 MB/s would need more than both cores with nothing else running and the case would
 # measure the CPU, not the controller. 4 MB/s needs about 1.3 cores.
 BOTTLENECK_MBPS = 4.0
+# The shared case. The TCP CUBIC flow starts JOIN_LEAD_S before ours (a download already filling the
+# link when a volunteer's transfer begins; 0: ours first, TCP when our channel opens), and the share
+# counts only the seconds both ran, after SHARE_SETTLE_S of the later one's start. With a one-BDP buffer
+# at 4 MB/s and 50 ms, CUBIC's epoch (K = cbrt(W_max (1 - beta) / C)) is about 5 s: the share over a 5 s
+# case's 3.75 s, each receiver on its own window, measured whose start-up won (0.185 beside a TCP flow
+# that started while our connection was still being set up), not the sharing; SHARED_S holds several
+# epochs. The receivers' clocks are one clock (CLOCK_MONOTONIC is not per network namespace).
+SHARE_SETTLE_S = 5.0
+SHARED_S = 60.0
+SHARED_QUICK_S = 25.0
+JOIN_LEAD_S = 2.0
 
 
 class Path3:
@@ -172,10 +185,13 @@ def start_aiortc(path: Path3, mode: str, cc: str, duration: float, trace: bool =
     return send, recv
 
 
-def start_tcp(path: Path3, cc: str, duration: float, port: int = 9500) -> tuple[Proc, Proc]:
+def start_tcp(
+    path: Path3, cc: str, duration: float, port: int = 9500, trace: bool = False
+) -> tuple[Proc, Proc]:
     recv = _peer(path, f"tcp-{cc}-recv", path.b, "tcp-recv", B_IP, duration, port=port)
     recv.event(timeout=30)
-    send = _peer(path, f"tcp-{cc}-send", path.a, "tcp-send", A_IP, duration, cc=cc, peer=B_IP, port=port)
+    send = _peer(path, f"tcp-{cc}-send", path.a, "tcp-send", A_IP, duration, cc=cc, peer=B_IP, port=port,
+                 trace=int(trace))  # fmt: skip
     return send, recv
 
 
@@ -183,6 +199,8 @@ def finish(pair: tuple[Proc, Proc], duration: float) -> dict[str, Any]:
     send, recv = pair
     try:
         s = send.event(timeout=duration + 90)
+        while "sender" not in s:  # {"open": true}, unless a caller already waited for it
+            s = send.event(timeout=duration + 90)
         r = recv.event(timeout=duration + 90)
     finally:
         send.stop()
@@ -198,6 +216,44 @@ def finish(pair: tuple[Proc, Proc], duration: float) -> dict[str, Any]:
         "stats": s.get("stats"),
         "tcp_cc": s.get("cc"),
         "trace": s.get("trace"),
+        "bin_s": r.get("bin_s"),
+        "bins": r.get("bins"),
+    }
+
+
+def shared_window_share(
+    ours: list[list[int]], other: list[list[int]], bin_s: float, settle_s: float = SHARE_SETTLE_S
+) -> dict[str, Any]:
+    """Our share of two flows' bytes over the seconds both were running, and per second.
+
+    ``ours``/``other``: a receiver's ``[bin index, bytes]`` on one clock. The window opens ``settle_s``
+    after the later flow's first byte (its start-up, and the other's answer to it, left out) and
+    closes with the earlier flow's last bin (neither has stopped sending inside it). The share is the
+    window's bytes, not a mean of per-second shares (a second in which both moved little would weigh as
+    much as a full one). Per-second shares, for the reader, show whether the split held or oscillated.
+    """
+    a, b = dict((k, n) for k, n in ours), dict((k, n) for k, n in other)
+    if not a or not b:
+        return {"share": None, "window_s": 0.0, "join_share": None, "per_s": []}
+    start = max(min(a), min(b)) + round(settle_s / bin_s)
+    end = min(max(a), max(b))  # inclusive; the last bin may be partial for one flow: dropped
+    bins = range(start, end)
+    mine = sum(a.get(k, 0) for k in bins)
+    both = mine + sum(b.get(k, 0) for k in bins)
+    per = max(1, round(1.0 / bin_s))
+    first = start - round(settle_s / bin_s)
+    join_mine = sum(a.get(k, 0) for k in range(first, start))
+    join_both = join_mine + sum(b.get(k, 0) for k in range(first, start))
+    per_s = []
+    for k0 in range(first, end - per + 1, per):
+        m = sum(a.get(k, 0) for k in range(k0, k0 + per))
+        t = m + sum(b.get(k, 0) for k in range(k0, k0 + per))
+        per_s.append(round(m / t, 2) if t else None)
+    return {
+        "share": round(mine / both, 3) if both and len(bins) else None,
+        "window_s": round(max(0, len(bins)) * bin_s, 2),
+        "join_share": round(join_mine / join_both, 3) if join_both else None,
+        "per_s": per_s,
     }
 
 
@@ -245,7 +301,7 @@ def tail_calls(n: int, rtt_ms: float) -> dict[str, float]:
 
 
 _SHOWN = ("fast_retransmits", "rack_losses", "tlp_probes", "rto_expiries", "recoveries", "srtt_ms", "cwnd",
-          "sack_every")
+          "sack_every")  # fmt: skip
 
 
 def _f(x: float | None) -> str:
@@ -279,12 +335,16 @@ def _median(xs: list[float]) -> float | None:
 
 def _strip(r: dict[str, Any]) -> dict[str, Any]:
     if "ours" in r:
-        return {side: _strip(v) for side, v in r.items()}
-    return {k: v for k, v in r.items() if k not in ("stats", "trace")}
+        return {side: v if side == "share" else _strip(v) for side, v in r.items()}
+    return {k: v for k, v in r.items() if k not in ("stats", "trace", "bins")}
 
 
 def _traces(r: dict[str, Any]) -> Any:
-    return {side: v.get("trace") for side, v in r.items()} if "ours" in r else r.get("trace")
+    if "ours" in r:  # the shared case: each sender's trace (TCP has none), the share, both flows' bins
+        out = {side: v.get("trace") if side != "share" else v for side, v in r.items()}
+        out["bins"] = {side: v.get("bins") for side, v in r.items() if side != "share"}
+        return out
+    return r.get("trace")
 
 
 def main() -> int:
@@ -297,6 +357,12 @@ def main() -> int:
     ap.add_argument("--bottleneck-MBps", type=float, default=BOTTLENECK_MBPS)
     ap.add_argument("--cases", default="loss,bottleneck,tail", help="which groups to run (comma-separated)")
     ap.add_argument("--cc", default=DEFAULT_CC, help="our controller in the bottleneck cases")
+    ap.add_argument("--join-lead", type=float, default=JOIN_LEAD_S,
+                    help=f"start the TCP CUBIC flow this many seconds before ours ({JOIN_LEAD_S:g}; 0: ours "
+                    "first, TCP when our channel opens)")  # fmt: skip
+    ap.add_argument("--shared-duration", type=float, default=None,
+                    help=f"seconds of the case beside TCP CUBIC ({SHARED_S:g}; --quick {SHARED_QUICK_S:g}): "
+                    f"the share counts from {SHARE_SETTLE_S:g} s after the later flow's start")  # fmt: skip
     ap.add_argument("--trace", default="", help="a file: our senders' congestion state every 0.25 s (JSON)")
     ap.add_argument("--autogroup-nice", type=int, default=None,
                     help="set this session's scheduler autogroup to this nice value while running (e.g. -10 "
@@ -310,6 +376,7 @@ def main() -> int:
         print("benchmarks/wan.py needs root, iproute2 (tc) and iptables", file=sys.stderr)
         return 2
     duration = 5.0 if args.quick else args.duration
+    shared_s = args.shared_duration or (SHARED_QUICK_S if args.quick else max(SHARED_S, duration))
     controllers = (DEFAULT_CC,) if args.quick else CONTROLLERS
     losses = [float(x) for x in args.losses.split(",")]
     load = os.getloadavg()
@@ -340,12 +407,21 @@ def main() -> int:
             with path.bottleneck(args.bottleneck_MBps, bdp):
                 alone = run_case(path, "ours", args.cc, duration, trace=bool(args.trace))
                 results.setdefault("bottleneck_alone", []).append(alone)
-                ours = start_aiortc(path, "ours", args.cc, duration, trace=bool(args.trace))
-                tcp = start_tcp(path, "cubic", duration, port=9501)
-                o, t = finish(ours, duration), finish(tcp, duration)
-                results.setdefault("bottleneck_shared", []).append({"ours": o, "tcp": t})
+                if args.join_lead > 0:  # TCP's download runs first; ours joins it
+                    tcp_s = shared_s + args.join_lead + 3  # still sending when ours stops (connect: ~1 s)
+                    tcp = start_tcp(path, "cubic", tcp_s, port=9501, trace=bool(args.trace))
+                    time.sleep(args.join_lead)
+                ours = start_aiortc(path, "ours", args.cc, shared_s, trace=bool(args.trace))
+                ours[0].event(timeout=60)  # our channel is open: from here ours sends for shared_s
+                if args.join_lead <= 0:
+                    tcp = start_tcp(path, "cubic", shared_s, port=9501, trace=bool(args.trace))
+                o, t = finish(ours, shared_s), finish(tcp, shared_s)
+                share = shared_window_share(o["bins"] or [], t["bins"] or [], o["bin_s"] or 0.25)
+                results.setdefault("bottleneck_shared", []).append({"ours": o, "tcp": t, "share": share})
                 print(f"[{rep}] bottleneck: alone {alone['MBps']:.2f} ({_cpu_text(alone)}), "
-                      f"shared ours {o['MBps']:.2f} ({_cpu_text(o)}) tcp cubic {t['MBps']:.2f} MB/s",
+                      f"shared ours {o['MBps']:.2f} ({_cpu_text(o)}) tcp cubic {t['MBps']:.2f} MB/s, "
+                      f"our share {share['share']} over {share['window_s']} s (first {SHARE_SETTLE_S:g} s "
+                      f"{share['join_share']}), per second {share['per_s']}",
                       flush=True)  # fmt: skip
     finally:
         path.close()
@@ -378,11 +454,14 @@ def main() -> int:
     summary["bottleneck_utilisation"] = (
         round(statistics.median(alone_rates) / args.bottleneck_MBps, 3) if alone_rates else None
     )
-    shares = [
-        s["ours"]["MBps"] / max(1e-9, s["ours"]["MBps"] + s["tcp"]["MBps"])
-        for s in results.get("bottleneck_shared", [])
-    ]
+    shares = [s["share"]["share"] for s in results.get("bottleneck_shared", [])]
+    shares = [x for x in shares if x is not None]
     summary["fair_share"] = round(statistics.median(shares), 3) if shares else None
+    summary["fair_share_spread"] = [min(shares), max(shares)] if shares else None
+    summary["shared_duration_s"] = shared_s
+    summary["join_lead_s"] = args.join_lead
+    joins = [s["share"]["join_share"] for s in results.get("bottleneck_shared", [])]
+    summary["join_share"] = _median([x for x in joins if x is not None])
     summary["bottleneck_MBps"] = args.bottleneck_MBps
     summary["cpu_ceiling_MBps"] = _cpu_ceiling(results.get("bottleneck_alone", []))
     summary["tail_call_ms_p99"] = tail.get("ours_p99_ms")

@@ -3,7 +3,11 @@
 Roles: ``aiortc-send`` / ``aiortc-recv`` (a data channel, stock aiortc or with the project's patches and
 a chosen congestion controller) and ``tcp-send`` / ``tcp-recv`` (a plain TCP stream with the controller
 pinned per socket by ``TCP_CONGESTION``). Receivers count goodput over ``[first byte + warmup, first byte
-+ duration]``, and every process reports the CPU it used over its active period (fraction of one core).
++ duration]``, and also every byte in bins of :data:`BIN_S` on the system-wide monotonic clock (the same
+in every namespace), so two flows that shared a bottleneck can be compared over the seconds both ran,
+whatever their own start-ups took. Every process reports the CPU it used over its active period
+(fraction of one core). An aiortc sender says ``{"open": true}`` when its channel opens, so a competitor
+can be started with it rather than a connection set-up earlier.
 """
 
 from __future__ import annotations
@@ -67,12 +71,16 @@ async def _read_line() -> dict[str, Any]:
     return json.loads(line)  # type: ignore[no-any-return]
 
 
+BIN_S = 0.25  # the receivers' byte bins (benchmarks/wan.py computes shares per second from them)
+
+
 class Meter:
-    """Bytes received inside the measuring window, and CPU over it."""
+    """Bytes received inside the measuring window, and CPU over it; every byte also in time bins."""
 
     def __init__(self, duration: float, warmup: float) -> None:
         self.duration, self.warmup = duration, warmup
         self.first: float | None = None
+        self.bins: dict[int, int] = {}
         self.bytes = 0
         self.total = 0
         self.cpu0 = 0.0
@@ -85,6 +93,9 @@ class Meter:
             self.first = now
         self.total += n
         elapsed = now - self.first
+        if elapsed <= self.duration:
+            k = int(now / BIN_S)
+            self.bins[k] = self.bins.get(k, 0) + n
         if elapsed >= self.warmup and not self.cpu0:
             self.cpu0 = _cpu()
             self.sched0 = _sched()
@@ -105,6 +116,8 @@ class Meter:
             "bytes": self.total,
             "cpu": (_cpu() - self.cpu0) / window if self.cpu0 else None,
             "demand": _demand(self.sched0, window) if self.cpu0 else None,
+            "bin_s": BIN_S,
+            "bins": sorted(self.bins.items()),
         }
 
 
@@ -117,6 +130,7 @@ _TRACED = (
     "btl_bw",
     "inflight_hi",
     "bbr_state",
+    "coexist",
     "peer_rwnd",
     "in_recovery",
     "retransmissions",
@@ -150,6 +164,29 @@ def _spawn_tracer(transport: Any, trace: list[dict[str, Any]], duration: float) 
 
 _TASKS: set[asyncio.Future[Any]] = set()
 
+# struct tcp_info (linux/tcp.h): byte offsets of the u32 fields a TCP sender's trace reads.
+_TCPI = {"rtt_us": 68, "ssthresh": 76, "cwnd": 80, "total_retrans": 100, "unacked": 24, "lost": 32}
+
+
+def _spawn_tcp_tracer(sock: socket.socket, trace: list[dict[str, Any]], duration: float) -> None:
+    """Every 0.25 s the kernel's view of a TCP sender (cwnd and ssthresh in segments, RTT, losses),
+    so a shared case shows both flows' windows side by side."""
+
+    async def sample() -> None:
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < duration:
+            await asyncio.sleep(0.25)
+            with contextlib.suppress(OSError):
+                raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+                row: dict[str, Any] = {
+                    k: int.from_bytes(raw[o : o + 4], sys.byteorder) for k, o in _TCPI.items()
+                }
+                row["t"] = round(time.monotonic() - t0, 2)
+                trace.append(row)
+
+    task = asyncio.ensure_future(sample())
+    _TASKS.add(task)
+
 
 async def aiortc_side(args: argparse.Namespace) -> None:
     from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
@@ -182,6 +219,7 @@ async def aiortc_side(args: argparse.Namespace) -> None:
         await pc.setRemoteDescription(RTCSessionDescription(answer["answer"], "answer"))
         patches.agree_sack_frequency(pc.sctp, offer, answer["answer"])
         await asyncio.wait_for(opened.wait(), 30)
+        _say({"open": True})
         ch.bufferedAmountLowThreshold = 256 << 10
         low = asyncio.Event()
         ch.on("bufferedamountlow", low.set)
@@ -210,12 +248,12 @@ async def aiortc_side(args: argparse.Namespace) -> None:
         def _on_channel(channel: Any) -> None:
             channel.on("message", lambda m: meter.add(len(m)))
 
-        offer = await _read_line()
-        await pc.setRemoteDescription(RTCSessionDescription(offer["offer"], "offer"))
+        offered = await _read_line()
+        await pc.setRemoteDescription(RTCSessionDescription(offered["offer"], "offer"))
         await pc.setLocalDescription(await pc.createAnswer())
-        answer = patches.advertise_sack_frequency(pc.localDescription.sdp)
-        patches.agree_sack_frequency(pc.sctp, answer, offer["offer"])
-        _say({"answer": answer})
+        answer_sdp = patches.advertise_sack_frequency(pc.localDescription.sdp)
+        patches.agree_sack_frequency(pc.sctp, answer_sdp, offered["offer"])
+        _say({"answer": answer_sdp})
         await asyncio.wait_for(meter.wait(), args.duration + 60)
         _say(meter.result())
         await _read_line()
@@ -248,6 +286,9 @@ async def tcp_side(args: argparse.Namespace) -> None:
     sock.setblocking(False)
     _, writer = await asyncio.open_connection(sock=sock)
     block = os.urandom(1 << 16)
+    trace: list[dict[str, Any]] = []
+    if args.trace:
+        _spawn_tcp_tracer(sock, trace, args.duration)
     cpu0, t0 = _cpu(), time.monotonic()
     end = t0 + args.duration
     try:
@@ -257,7 +298,7 @@ async def tcp_side(args: argparse.Namespace) -> None:
     except ConnectionError:
         pass
     wall = time.monotonic() - t0
-    _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "cc": chosen})
+    _say({"sender": True, "cpu": (_cpu() - cpu0) / wall, "cc": chosen, "trace": trace})
     await _read_line()
     writer.close()
 

@@ -68,7 +68,8 @@ DUPTHRESH = 3
 WORST_DELAYED_SACK = 0.025
 PTO_GRANULARITY = 0.01  # the least the probe timeout adds to SRTT for variance (RFC 9002: 1 ms)
 PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire late
-DEFAULT_CONTROLLER = "bbr"  # benchmarks/wan.py: the best under random loss (see ARCHITECTURE.md)
+# benchmarks/wan.py: the best under random loss (docs/decisions/congestion-control.md)
+DEFAULT_CONTROLLER = "bbr"
 
 _MTU = sctp.USERDATA_MAX_LENGTH
 _I_BIT = _loops.I_BIT

@@ -27,7 +27,7 @@ from aiortc import RTCConfiguration, RTCPeerConnection
 from aiortc import rtcsctptransport as sctp
 
 from engine.p2p import patches
-from engine.p2p.patches import handshake, registry
+from engine.p2p.patches import handshake, registry, sctp_constants
 
 pytestmark = pytest.mark.integration
 
@@ -213,7 +213,7 @@ async def test_t1_backs_off_and_resends_init_with_tag_zero() -> None:
         assert len(inits) >= 4, [(round(t, 2), d[12]) for t, d in arrivals]
         gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(inits)]
         rto = a.sctp.transport.__dict__["_lah_handshake_rtt"] * 3
-        first = max(rto, patches.sctp_sender.RTO_MIN)
+        first = max(rto, sctp_constants.RTO_MIN)
         for k, gap in enumerate(gaps[:3]):
             want = first * 2**k
             assert want - 0.01 <= gap < want + LATE_S, (first, gaps)
@@ -242,5 +242,5 @@ async def test_both_init_acks_lost(timers: str) -> None:
         await _open_within(a, b, opened, 10)
         took = time.monotonic() - min(lost)
         assert len(lost) == 2  # both were lost
-        rto = min(max(3 * a.sctp.transport.__dict__["_lah_handshake_rtt"], patches.sctp_sender.RTO_MIN), 1.0)
+        rto = min(max(3 * a.sctp.transport.__dict__["_lah_handshake_rtt"], sctp_constants.RTO_MIN), 1.0)
         assert rto - 0.05 <= took < rto + LATE_S, (rto, took)

@@ -14,7 +14,7 @@ import pytest
 from aiortc import rtcsctptransport as sctp
 
 from engine.p2p import patches
-from engine.p2p.patches import sctp_sender, sctp_timers
+from engine.p2p.patches import sctp_constants, sctp_sender, sctp_timers
 from tests.unit.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair
 
 MTU = sctp.USERDATA_MAX_LENGTH
@@ -130,18 +130,18 @@ async def test_window_never_overrun() -> None:
 async def test_rto_min_backoff_and_reset() -> None:
     t, _ = _sender()
     t._update_rto(0.001)
-    assert t._rto == pytest.approx(sctp_sender.RTO_MIN)
+    assert t._rto == pytest.approx(sctp_constants.RTO_MIN)
     await t._send(1, 53, b"x" * MTU)
     for expected in (0.6, 1.2, 2.4):
         t._t3_cancel()
         t._t3_expired()
         assert t._rto == pytest.approx(expected)
     t._update_rto(0.001)  # a fresh measurement ends the backoff
-    assert t._rto == pytest.approx(sctp_sender.RTO_MIN)
+    assert t._rto == pytest.approx(sctp_constants.RTO_MIN)
     for _ in range(8):
         t._t3_cancel()
         t._t3_expired()
-    assert t._rto == sctp_sender.RTO_MAX
+    assert t._rto == sctp_constants.RTO_MAX
     _close(t)
 
 
@@ -157,7 +157,7 @@ async def test_probe_timeout_is_srtt_plus_variance_plus_sack_delay() -> None:
     now = time.monotonic()
     sctp_timers.arm_tlp(t, now)
     pto = t._tlp_deadline - now
-    assert pto == pytest.approx(0.05 + max(4 * t._rttvar, 0.01) + sctp_sender.WORST_DELAYED_SACK, abs=1e-6)
+    assert pto == pytest.approx(0.05 + max(4 * t._rttvar, 0.01) + sctp_constants.WORST_DELAYED_SACK, abs=1e-6)
     assert 0.08 <= pto < 0.1
     t._rto = 0.06
     sctp_timers.arm_tlp(t, now)
@@ -179,8 +179,8 @@ async def test_tail_loss_probe_resends_the_last_chunk_before_the_rto() -> None:
 
 
 async def test_peer_that_never_sacks_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sctp_sender, "MAX_RETRANS", 3)
-    monkeypatch.setattr(sctp_sender, "RTO_MAX", 0.1)
+    monkeypatch.setattr(sctp_constants, "MAX_RETRANS", 3)
+    monkeypatch.setattr(sctp_constants, "RTO_MAX", 0.1)
     t, dtls = _sender()
     t._rto = 0.05
     await t._send(1, 53, b"x" * (MTU * 3))
@@ -192,7 +192,7 @@ async def test_peer_that_never_sacks_is_given_up(monkeypatch: pytest.MonkeyPatch
 
 
 async def test_peer_silent_past_the_association_timeout_is_given_up(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sctp_sender, "ASSOCIATION_TIMEOUT", 0.2)
+    monkeypatch.setattr(sctp_constants, "ASSOCIATION_TIMEOUT", 0.2)
     t, _ = _sender()
     t._rto = 0.1
     await t._send(1, 53, b"x" * MTU)

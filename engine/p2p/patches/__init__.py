@@ -3,12 +3,14 @@
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
 :mod:`.sctp_guard` (a packet parser that checks every length, and a link whose failure stays its own),
 :mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
-:mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`), :mod:`.dtls` (records and datagrams,
+:mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`, the limits all three read in
+:mod:`.sctp_constants`), :mod:`.dtls` (records and datagrams,
 below SCTP) and :mod:`.compiled_sctp` (SCTP packets on a link whose records are compiled) hold the
 replacements; :mod:`.congestion` holds the pure congestion controllers the sender drives;
 :mod:`.ack_frequency` is the SDP agreement on how often a receiver SACKs (a connection calls it around
 its descriptions); :mod:`.handshake` holds the connect's timers under loss (DTLS flights copied early,
-SCTP's INIT on the handshake's round trip, backed off, resent with tag 0: group ``handshake``).
+SCTP's INIT on the handshake's round trip, backed off, resent with tag 0: group ``handshake``);
+:mod:`.tasks` holds the coroutines that timer callbacks start.
 :func:`install` is called explicitly once at process start (the ``lah`` CLI, tests' conftest,
 benchmarks), never by a constructor. On aiortc/aioice versions other than :data:`registry.PINNED`, or
 where a replaced function's source hash differs, the group concerned stays stock and a warning is
@@ -16,9 +18,12 @@ logged: the node runs on plain aiortc, slower but correct. ``install(strict=True
 :class:`PatchMismatch` instead.
 
 aiortc is correct but not built for bulk tensors: its costs are per SCTP packet (about 60 ms of
-CPU per MiB moved on a 2-core machine). The changes here stay inside what the standards allow, so a
-browser or any other WebRTC stack still interoperates with us: packet sizes and the SCTP wire format are
-untouched, and the SDP gains one attribute that other stacks ignore (:mod:`.ack_frequency`).
+CPU per MiB moved on a 2-core machine). A browser or any other WebRTC stack still interoperates with
+us: packet sizes and the SCTP wire format are untouched, and the SDP gains one attribute that other
+stacks ignore (:mod:`.ack_frequency`). Two sender choices depart from RFC 9260 as Chromium's dcSCTP
+does: a 10-packet initial window (section 7.2.1 bounds it at about 4 packets of this size; RFC 6928's
+TCP figure) and a 0.3 s minimum RTO (section 16 recommends 1 s); :mod:`.congestion` and
+:mod:`.sctp_constants` say why.
 
 Host candidate pinning (:mod:`.hosts`): aioice gathers host candidates on exactly the addresses
 given to :func:`pin_host_addresses` (tests and the local demo stay on loopback).

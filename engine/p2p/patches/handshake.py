@@ -43,7 +43,8 @@ from typing import Any
 from aiortc import rtcdtlstransport as dtls
 from aiortc import rtcsctptransport as sctp
 
-from . import sctp_sender
+from . import sctp_constants as limits
+from .tasks import spawn
 
 FIRST_COPY_S = 0.1  # RFC 9147 5.8.2's initial timer, while no round trip is known
 MAX_FIRST_COPY_S = 0.5  # later than this, OpenSSL's own 1 s timer is about as early
@@ -53,13 +54,6 @@ _Dtls: Any = dtls.RTCDtlsTransport
 _Sctp: Any = sctp.RTCSctpTransport
 _stock_do_handshake = _Dtls._do_handshake
 _LIVE = (dtls.State.CONNECTING, dtls.State.CONNECTED)
-_tasks: set[asyncio.Future[Any]] = set()
-
-
-def _spawn(coro: Any) -> None:
-    task = asyncio.ensure_future(coro)
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
 
 
 def unified_header(data: bytes) -> bool:
@@ -169,7 +163,7 @@ class FlightCopies:
         self.clean = False
         self.transport._lah_flight_copies = self.transport.__dict__.get("_lah_flight_copies", 0) + 1
         for data in self.flight:
-            _spawn(self._copy(data))
+            spawn(self._copy(data))
         self._arm(delay * 2)
 
     async def _copy(self, data: bytes) -> None:
@@ -212,7 +206,7 @@ async def do_handshake(self: Any) -> None:
 def _rto_bounds(self: Any) -> tuple[float, float]:
     """The running sender's RTO.Min and RTO.Max: the project's where its sender runs, else aiortc's."""
     if "_lah_stats" in self.__dict__:
-        return sctp_sender.RTO_MIN, sctp_sender.RTO_MAX
+        return limits.RTO_MIN, limits.RTO_MAX
     return float(sctp.SCTP_RTO_MIN), float(sctp.SCTP_RTO_MAX)
 
 
@@ -238,7 +232,7 @@ def t1_expired(self: Any) -> None:
         self._set_state(self.State.CLOSED)
         return
     self._rto = min(self._rto * 2, _rto_bounds(self)[1])
-    _spawn(_resend(self, self._t1_chunk))
+    spawn(_resend(self, self._t1_chunk))
     self._t1_handle = self._loop.call_later(self._rto, self._t1_expired)
 
 

@@ -6,7 +6,8 @@ run once per DATA chunk, so each has a C twin with the same contract in the comp
 (``engine/p2p/native/sctp_send.c``), which the sender uses where it loaded. These Python versions are
 the fallback and the oracle: tests give both the same states and compare every field they touch.
 :func:`first_send`, :func:`spend` and :func:`waits_after` are their steps, also used by the
-retransmission and probe paths.
+retransmission and probe paths; :func:`mark_lost` is what a fast retransmit, RACK and T3 do to a chunk
+they find lost.
 """
 
 from __future__ import annotations
@@ -98,3 +99,14 @@ def ack_cumulative(self: Any, cum: int) -> tuple[int, Any]:
 
 
 __all__ = ["I_BIT", "ack_cumulative", "first_send", "spend", "take_new_chunks", "waits_after"]
+
+
+def mark_lost(self: Any, chunk: Any) -> int:
+    """Mark ``chunk`` for retransmission (or abandon it); returns the bytes taken out of flight."""
+    was = chunk._book_size if chunk._in_flight else 0
+    chunk._misses = 0
+    if not self._maybe_abandon(chunk):
+        chunk._retransmit = True
+        self._rtx_pending = True
+    self._flight_size_decrease(chunk)
+    return int(was)

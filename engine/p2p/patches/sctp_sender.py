@@ -15,15 +15,15 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
   + 25 ms (the peer's SACK delay) after the last SACK with data outstanding, one chunk is sent (new
   data, else the highest TSN), so an RPC whose last packet was lost completes after about one RTT plus
   the probe time, not an RTO.
-- **RTO** between :data:`RTO_MIN` and :data:`RTO_MAX`, doubled on every T3 expiry (RFC 9260 6.3.3 E2).
+- **RTO** between ``RTO_MIN`` and ``RTO_MAX``, doubled on every T3 expiry (RFC 9260 6.3.3 E2).
   The first expiry resends only the earliest chunk (F-RTO, RFC 5682, in spirit: on a stalled receiver
   most RTOs are spurious); RACK then finds the rest if it was lost; a second expiry resends everything.
-  After :data:`MAX_RETRANS` consecutive expiries without any SACK, or :data:`ASSOCIATION_TIMEOUT` s,
+  After ``MAX_RETRANS`` consecutive expiries without any SACK, or ``ASSOCIATION_TIMEOUT`` s,
   the association is aborted (a peer that never SACKs), so callers see the channel close.
 - **The peer's receive window** bounds new data (RFC 9260 6.1 A/B): rwnd = a_rwnd - outstanding, minus
   what is sent since. With a zero or tiny window one chunk may go when nothing is in flight (the probe),
   then the sender waits for a SACK or the backed-off T3; it never spins.
-- **Initial window** 10 MTUs and a :data:`RECEIVE_WINDOW` advertised to the peer (stock: 1 MiB).
+- **Initial window** 10 MTUs and a ``RECEIVE_WINDOW`` advertised to the peer (stock: 1 MiB).
 - **Flush keeps the window full**: when the outbound queue runs dry with room left, the next data
   channel messages are handed to SCTP at once instead of on the next SACK.
 - **I bit** (RFC 7053), where the peers agreed a SACK every N packets (:mod:`.ack_frequency`): set on
@@ -32,12 +32,12 @@ and uses a 1 s minimum RTO that a T3 expiry never backs off. Here, with the same
 - **Defensive SACK handling**: a cumulative ack beyond the highest TSN sent is ignored and logged; gap
   blocks that are empty, reversed or beyond what was sent are skipped and counted.
 
-Counters for all of it live in :class:`SenderStats` (``transport._lah_stats``), see :func:`stats`.
+The limits in capitals live in :mod:`.sctp_constants`. Counters for all of it live in
+:class:`SenderStats` (``transport._lah_stats``), see :func:`stats`.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import time
@@ -50,24 +50,13 @@ from aiortc.utils import uint32_gte as _gte
 
 from ..native import records as _native_records
 from . import congestion, sctp_receiver, sctp_timers
+from . import sctp_constants as limits
 from . import sctp_loops as _loops
 from .compiled_sctp import data_chunk_sender as _data_chunk_sender
+from .tasks import spawn
 
 logger = logging.getLogger(__name__)
 
-RTO_INITIAL = 1.0  # RFC 9260 section 16
-RTO_MIN = 0.3
-RTO_MAX = 10.0
-MAX_RETRANS = 10  # Association.Max.Retrans
-ASSOCIATION_TIMEOUT = 30.0
-RECEIVE_WINDOW = 4 << 20  # the most a peer may send beyond what we delivered (Chromium: 5 MiB)
-DUPTHRESH = 3
-# Added to the probe timeout for the peer's delayed SACK (RFC 9002's max_ack_delay). RFC 8985 says
-# 200 ms (TCP); SACK delays are 0 (stock aiortc) or 20 ms (ours), and a probe that comes too early
-# costs one packet, one that comes late costs every RPC whose tail was lost that much latency.
-WORST_DELAYED_SACK = 0.025
-PTO_GRANULARITY = 0.01  # the least the probe timeout adds to SRTT for variance (RFC 9002: 1 ms)
-PACING_BURST_S = 0.01  # token bucket depth: timers on a busy event loop fire late
 # benchmarks/wan.py: the best under random loss (docs/decisions/congestion-control.md)
 DEFAULT_CONTROLLER = "bbr"
 
@@ -79,7 +68,6 @@ _ESTABLISHED = _Transport.State.ESTABLISHED
 _CLOSED = _Transport.State.CLOSED
 _stock_init = _Transport.__init__
 _stock_update_apap = _Transport._update_advanced_peer_ack_point
-_tasks: set[asyncio.Future[Any]] = set()
 
 
 @dataclass
@@ -98,18 +86,12 @@ class SenderStats:
     gave_up: bool = False
 
 
-def _spawn(coro: Any) -> None:
-    task = asyncio.ensure_future(coro)
-    _tasks.add(task)
-    task.add_done_callback(_tasks.discard)
-
-
 def _init(self: Any, *args: Any, **kwargs: Any) -> None:
     _stock_init(self, *args, **kwargs)
     sctp_receiver.init_receiver(self)
     now = time.monotonic()
-    self._advertised_rwnd = RECEIVE_WINDOW
-    self._rto = RTO_INITIAL
+    self._advertised_rwnd = limits.RECEIVE_WINDOW
+    self._rto = limits.RTO_INITIAL
     self._cc = congestion.make(DEFAULT_CONTROLLER, _MTU)
     self._cwnd = self._cc.cwnd
     self._lah_stats = SenderStats()
@@ -182,7 +164,7 @@ def _update_rto(self: Any, r: float) -> None:
     else:
         self._rttvar = 0.75 * self._rttvar + 0.25 * abs(self._srtt - r)
         self._srtt = 0.875 * self._srtt + 0.125 * r
-    self._rto = max(RTO_MIN, min(self._srtt + 4 * self._rttvar, RTO_MAX))
+    self._rto = max(limits.RTO_MIN, min(self._srtt + 4 * self._rttvar, limits.RTO_MAX))
 
 
 def _update_advanced_peer_ack_point(self: Any) -> None:
@@ -198,17 +180,6 @@ def _update_advanced_peer_ack_point(self: Any) -> None:
         self._advanced_peer_ack_tsn = self._last_sacked_tsn
     elif _gt(self._advanced_peer_ack_tsn, self._last_sacked_tsn):
         _stock_update_apap(self)  # a FORWARD TSN is still owed to the peer
-
-
-def _lose(self: Any, chunk: Any) -> int:
-    """Mark ``chunk`` for retransmission (or abandon it); returns the bytes taken out of flight."""
-    was = chunk._book_size if chunk._in_flight else 0
-    chunk._misses = 0
-    if not self._maybe_abandon(chunk):
-        chunk._retransmit = True
-        self._rtx_pending = True
-    self._flight_size_decrease(chunk)
-    return was
 
 
 async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
@@ -303,7 +274,7 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
         if only_resent:
             for c in q:
                 if not c._acked and not c._retransmit and not c._abandoned:
-                    lost_bytes += _lose(self, c) or 1
+                    lost_bytes += _loops.mark_lost(self, c) or 1
         else:
             st.spurious_rtos += 1
     # A delivered retransmission (after an RTO: see _t3_expired) makes everything sent before it suspect.
@@ -320,12 +291,12 @@ async def _receive_sack_chunk(self: Any, chunk: Any) -> None:
                 continue
             if c._sent_time < rack:
                 st.rack_losses += 1
-                lost_bytes += _lose(self, c) or 1
+                lost_bytes += _loops.mark_lost(self, c) or 1
             elif c._sent_count == 1 and i < hi_new:
                 c._misses += 1
-                if c._misses >= DUPTHRESH:
+                if c._misses >= limits.DUPTHRESH:
                     st.fast_retransmits += 1
-                    lost_bytes += _lose(self, c) or 1
+                    lost_bytes += _loops.mark_lost(self, c) or 1
 
     if self._in_recovery and _gte(cum, self._recovery_exit):
         self._in_recovery = False
@@ -372,7 +343,7 @@ def _send_budget(self: Any, now: float) -> float:
     budget: float = self._prr_quota if self._in_recovery else cc.cwnd - self._flight_size
     rate = cc.pacing_rate
     if rate:
-        depth = max(rate * PACING_BURST_S, 4 * _MTU)
+        depth = max(rate * limits.PACING_BURST_S, 4 * _MTU)
         self._pace_tokens = min(self._pace_tokens + (now - self._pace_time) * rate, depth)
         self._pace_time = now
         budget = min(budget, self._pace_tokens)
@@ -386,7 +357,7 @@ async def _transmit(self: Any) -> None:
         if not self._t3_handle:
             self._t3_start()
     if self._peer_rwnd is None:
-        self._peer_rwnd = int(getattr(self, "_ssthresh", RECEIVE_WINDOW))  # a_rwnd from INIT
+        self._peer_rwnd = int(getattr(self, "_ssthresh", limits.RECEIVE_WINDOW))  # a_rwnd from INIT
     now = time.monotonic()
     budget = _send_budget(self, now)
     st = self._lah_stats
@@ -455,4 +426,4 @@ async def _flush_next_messages(self: Any) -> None:
 def _pace_expired(self: Any) -> None:
     self._pace_handle = None
     if self._association_state is not _CLOSED:
-        _spawn(self._transmit())
+        spawn(self._transmit())

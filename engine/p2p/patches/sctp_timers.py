@@ -1,8 +1,7 @@
 """SCTP sender timers: the tail-loss probe and the retransmission timer (T3), with the give-up.
 
-Split from :mod:`.sctp_sender` (which drives them and whose docstring says why each behaves as it does);
-their limits (``RTO_MAX``, ``MAX_RETRANS``, ``ASSOCIATION_TIMEOUT``, ``WORST_DELAYED_SACK``) live there and
-are read at call time.
+Split from :mod:`.sctp_sender`, which drives them and whose docstring says why each behaves as it does;
+below it, so they import nothing of it. Their limits are read from :mod:`.sctp_constants` at call time.
 """
 
 from __future__ import annotations
@@ -11,10 +10,15 @@ import logging
 import time
 from typing import Any
 
-from . import sctp_sender as s
-from .sctp_loops import first_send
+from aiortc import rtcsctptransport as sctp
+
+from . import sctp_constants as limits
+from .ack_frequency import I_BIT
+from .sctp_loops import first_send, mark_lost
+from .tasks import spawn
 
 logger = logging.getLogger(__name__)
+_CLOSED: object = sctp.RTCSctpTransport.State.CLOSED
 
 
 # --- tail-loss probe --------------------------------------------------------------------------
@@ -26,7 +30,7 @@ def arm_tlp(self: Any, now: float) -> None:
     # RFC 9002's probe timeout (QUIC), not RFC 8985's 2 x SRTT: SRTT plus four deviations plus the
     # peer's SACK delay. On a steady 50 ms path that is ~80 ms instead of ~150 ms, which a call whose
     # tail was lost pays in full; a probe sent too early costs one packet.
-    pto = self._srtt + max(4 * self._rttvar, s.PTO_GRANULARITY) + s.WORST_DELAYED_SACK
+    pto = self._srtt + max(4 * self._rttvar, limits.PTO_GRANULARITY) + limits.WORST_DELAYED_SACK
     self._tlp_deadline = now + min(pto, self._rto)
     if self._tlp_handle is None:  # one timer; it re-arms itself while the deadline moves on
         self._tlp_handle = self._loop.call_at(
@@ -36,7 +40,7 @@ def arm_tlp(self: Any, now: float) -> None:
 
 def _tlp_expired(self: Any) -> None:
     self._tlp_handle = None
-    if not self._sent_queue or self._in_recovery or self._tlp_sent or self._association_state is s._CLOSED:
+    if not self._sent_queue or self._in_recovery or self._tlp_sent or self._association_state is _CLOSED:
         return
     now = time.monotonic()
     if now < self._tlp_deadline - 0.001:
@@ -44,7 +48,7 @@ def _tlp_expired(self: Any) -> None:
         return
     self._tlp_sent = True
     self._lah_stats.tlp_probes += 1
-    s._spawn(_send_probe(self))
+    spawn(_send_probe(self))
 
 
 async def _send_probe(self: Any) -> None:
@@ -57,7 +61,7 @@ async def _send_probe(self: Any) -> None:
         self._sent_queue.append(c)
         first_send(self, c, now)
         if self._lah_mark_waits:  # a probe is sent to draw a SACK (RFC 7053's I bit: at once)
-            c.flags |= s._I_BIT
+            c.flags |= I_BIT
         await self._send_chunk(c)
         return
     for c in reversed(self._sent_queue):
@@ -68,7 +72,7 @@ async def _send_probe(self: Any) -> None:
             c._sent_time = now
             self._lah_stats.retransmissions += 1
             if self._lah_mark_waits:
-                c.flags |= s._I_BIT
+                c.flags |= I_BIT
             await self._send_chunk(c)
             return
 
@@ -119,14 +123,14 @@ def t3_expired(self: Any) -> None:
     st.rto_expiries += 1
     self._t3_failures += 1
     now = time.monotonic()
-    if self._t3_failures > s.MAX_RETRANS or now - self._last_progress > s.ASSOCIATION_TIMEOUT:
+    if self._t3_failures > limits.MAX_RETRANS or now - self._last_progress > limits.ASSOCIATION_TIMEOUT:
         st.gave_up = True
         logger.warning(
             "SCTP peer silent for %.1f s (%d timeouts): aborting the association",
             now - self._last_progress,
             self._t3_failures - 1,
         )
-        s._spawn(_give_up(self))
+        spawn(_give_up(self))
         return
     q = self._sent_queue
     if self._t3_failures == 1:
@@ -135,7 +139,7 @@ def t3_expired(self: Any) -> None:
         # it all again; if the rest was really lost, RACK finds it once the resent chunk is acked.
         for c in q:
             if not c._acked and not c._abandoned:
-                s._lose(self, c)
+                mark_lost(self, c)
                 self._frto_tsn = c.tsn
                 break
     else:
@@ -154,10 +158,10 @@ def t3_expired(self: Any) -> None:
     self._cc.on_rto(now)
     self._cwnd = self._cc.cwnd
     self._fr_first = True  # RFC 9260 6.3.3 E3: one packet goes whatever the window
-    self._rto = min(self._rto * 2, s.RTO_MAX)
-    s._spawn(self._transmit())
+    self._rto = min(self._rto * 2, limits.RTO_MAX)
+    spawn(self._transmit())
 
 
 async def _give_up(self: Any) -> None:
     await self._abort()
-    self._set_state(s._CLOSED)
+    self._set_state(_CLOSED)

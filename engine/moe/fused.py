@@ -15,21 +15,34 @@ differentiable) steps on its own.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 from torch.optim.adam import adam
 
 from .graphs import BackwardRequest, PlannedBackward, plan_backward
 
-if TYPE_CHECKING:
-    from .backend import ExpertBackend
+__all__ = ["FusedExpert", "backward_together", "step_together"]
 
-__all__ = ["backward_together", "step_together"]
+
+class _StepCounts(Protocol):
+    steps: int
+    recomputed_samples: int
+
+
+class FusedExpert(Protocol):
+    """What these passes read of an expert: :class:`~.backend.ExpertBackend` is one. Named here, not
+    imported, because the backend hands its ready backwards to this module."""
+
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    device: torch.device
+    max_grad_norm: float | None
+    stats: _StepCounts
 
 
 def backward_together(
-    jobs: list[tuple[ExpertBackend, list[tuple[Any, ...]]]],
+    jobs: list[tuple[FusedExpert, list[tuple[Any, ...]]]],
 ) -> list[list[tuple[torch.Tensor | None]]]:
     """Every job's backward batch (``ExpertBackend._backward_requests``'s requests) and each expert's
     optimizer step; each job's input gradients on the CPU, one tuple per request."""
@@ -50,7 +63,7 @@ def backward_together(
     return results
 
 
-def step_together(backends: list[ExpertBackend]) -> None:
+def step_together(backends: list[FusedExpert]) -> None:
     """Clip each expert's gradient to its ``max_grad_norm`` and take each one's Adam step."""
     _clip_each(backends)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -93,7 +106,7 @@ def _plain(group: dict[str, Any]) -> bool:
     )
 
 
-def _clip_each(backends: list[ExpertBackend]) -> None:
+def _clip_each(backends: list[FusedExpert]) -> None:
     """``clip_grad_norm_(module.parameters(), max_grad_norm)`` for each expert, in foreach passes."""
     grads: list[torch.Tensor] = []
     owner: list[int] = []

@@ -23,14 +23,24 @@ Keys (stable; new ones may be added)::
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.p2p.ice_stats import summarize_transport, transport_stats
 
 from .participation import Participation
 
 if TYPE_CHECKING:
-    from .volunteer import Volunteer
+    import torch
+
+    from engine.dht import DHTNode
+    from engine.p2p import Peer
+    from engine.resources import Governor
+
+    from .coordinator_api import Assignment
+    from .gate import WorkGate
+    from .hosting import Hosting
+    from .tokens import Credentials
 
 STATUS_KEYS = (
     "state",
@@ -62,14 +72,58 @@ STATUS_KEYS = (
 )
 
 
-def lm_experiments(v: Volunteer) -> list[str]:
+class StatusSource(Protocol):
+    """What the status reads of a node: :class:`~.volunteer.Volunteer` is one. Named here, not
+    imported, because the volunteer asks this module for its status."""
+
+    @property
+    def governor(self) -> Governor | None: ...
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def started(self) -> bool: ...
+    @property
+    def gate(self) -> WorkGate: ...
+    @property
+    def peer(self) -> Peer: ...
+    @property
+    def assignment(self) -> Assignment | None: ...
+    @property
+    def assignment_at(self) -> float: ...
+    @property
+    def peer_id(self) -> str: ...
+    @property
+    def credentials(self) -> Credentials | None: ...
+    @property
+    def coordinator_url(self) -> str: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def hosted_uids(self) -> list[str]: ...
+    @property
+    def hosting(self) -> Hosting: ...
+    @property
+    def credit(self) -> float | None: ...
+    @property
+    def rank(self) -> int | None: ...
+    @property
+    def credit_at(self) -> float | None: ...
+    @property
+    def credit_error(self) -> str | None: ...
+    @property
+    def dht(self) -> DHTNode | None: ...
+    @property
+    def errors(self) -> deque[dict[str, Any]]: ...
+
+
+def lm_experiments(v: StatusSource) -> list[str]:
     """The models (``part_of`` of the assignment) of the experts this node hosts now, sorted."""
     hosted = set(v.hosted_uids)
     experts = v.assignment.experts if v.assignment is not None else ()
     return sorted({e.part_of for e in experts if e.part_of and e.uid in hosted})
 
 
-def build_status(v: Volunteer) -> dict[str, Any]:
+def build_status(v: StatusSource) -> dict[str, Any]:
     decision = v.governor.decision if v.governor is not None else None
     if v.stopping:
         state, code, reason = "stopped", "stopping", "the node is shutting down"

@@ -41,6 +41,7 @@ from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
 from .gate import WorkGate
 from .hosting import Hosting
 from .memory import memory_budget
+from .status import build_status
 from .tokens import Credentials, TokenStore
 
 logger = logging.getLogger(__name__)
@@ -158,8 +159,6 @@ class Volunteer:
         return self.coordinator_url
 
     def status(self) -> dict[str, Any]:
-        from .status import build_status
-
         return build_status(self)
 
     def note_error(self, message: str) -> None:

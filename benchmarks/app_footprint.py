@@ -81,7 +81,7 @@ def wait_for(what: str, probe: Any, timeout: float) -> None:
 
 
 def user_env(base: dict[str, str], root: Path, coordinator_url: str) -> dict[str, str]:
-    from app.config import AppConfig, save_config
+    from app.core.config import AppConfig, save_config
     from engine.resources import Settings, save_settings
 
     env = {**base, **user_folders(root), "LAH_HOST_ADDRESSES": "127.0.0.1"}

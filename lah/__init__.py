@@ -31,8 +31,8 @@ program lives here, above all three::
 Inside the package, the trainer reuses the demos' parts: ``train`` and ``lm_demo`` wait for experts
 with ``demo``'s helper; ``train_lm`` uses ``lm_demo``'s sampling and counters, and ``lm_progress`` its
 text generation, both imported inside functions (``lm_demo`` imports ``lm_progress`` at the top).
-``update`` is the child process the tray app's update check starts: it uses ``app.updates`` and
-``app.update_policy``, and ``app.about`` for the version.
+``update`` is the child process the tray app's update check starts: it uses ``app.core.updates`` and
+``app.core.update_policy``, and ``app.qt.about`` for the version.
 
 May import: app, coordinator, engine
 """

@@ -220,7 +220,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             seed=args.seed, tokenizer=args.tokenizer,
         )  # fmt: skip
     if args.command == "app":  # before the transport: the app process loads neither torch nor aiortc
-        from app.main import main as app_main  # Qt is imported only by the app
+        from app.qt.main import main as app_main  # Qt is imported only by the app
 
         return app_main(coordinator=args.coordinator, demo=args.demo)
     from engine.p2p.patches import install as install_transport_patches

@@ -77,7 +77,7 @@ DEPENDENCIES = [
     "engine.control",
     "engine.trainer",
     "coordinator.app",
-    "app.main",
+    "app.qt.main",
     "lah.cli",
     "lah.demo",
 ]

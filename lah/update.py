@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from app import updates
-from app.update_policy import STATE_NAME
+from app.core import updates
+from app.core.update_policy import STATE_NAME
 
 PROJECT = "the Learning@home project"
 
@@ -47,7 +47,7 @@ async def check(
     coordinator: str | None = None,
     state: Path | None = None,
 ) -> dict[str, Any]:
-    from app.about import version
+    from app.qt.about import version
 
     out = _reply()
     try:

@@ -95,7 +95,7 @@ def make_controller(qtbot: object) -> Iterator[Callable[..., object]]:
     """Build AppControllers that are always torn down: Quit (clean node stop), else the node is killed."""
     from PySide6.QtWidgets import QApplication
 
-    from app.controller import AppController
+    from app.qt.controller import AppController
 
     made: list[AppController] = []
 

@@ -9,8 +9,8 @@ import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
-from app.config import AppConfig, save_config
-from app.controller import AppPaths
+from app.core.config import AppConfig, save_config
+from app.core.paths import AppPaths
 from engine.control import ControlClient
 from engine.resources import Settings, save_settings
 

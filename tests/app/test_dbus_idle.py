@@ -31,7 +31,7 @@ def session_bus(tmp_path: Path) -> dict[str, str]:
 def read_idle(env: dict[str, str]) -> str:
     code = (
         "from PySide6.QtCore import QCoreApplication; app = QCoreApplication([]);"
-        "from app.idle import session_idle_reader; read, name = session_idle_reader();"
+        "from app.qt.idle import session_idle_reader; read, name = session_idle_reader();"
         "r = read(); print(name, r.seconds, r.reason)"
     )
     env = {**os.environ, **env, "WAYLAND_DISPLAY": "wayland-0", "XDG_SESSION_TYPE": "wayland"}

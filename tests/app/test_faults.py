@@ -17,12 +17,13 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWizard
 
-from app import controller as controller_module
-from app.config import AppConfig, load_config, save_config
-from app.controller import AppController, AppPaths
-from app.errors import ConfigError
-from app.registration import register, token_place
-from app.single_instance import SingleInstance
+from app.core import lifecycle
+from app.core.config import AppConfig, load_config, save_config
+from app.core.errors import ConfigError
+from app.core.paths import AppPaths
+from app.core.registration import register, token_place
+from app.qt.controller import AppController
+from app.qt.single_instance import SingleInstance
 from engine.control import ConnectionInfo, default_connection_path
 from engine.control.protocol import data_dir
 from engine.node import FileTokenStore
@@ -127,7 +128,7 @@ def test_first_run_with_the_coordinator_down_says_so_and_retries(
 def test_coordinator_down_later_is_shown_and_told_once_then_recovers(
     app_env: Path, tmp_path: Path, make_controller: Make, wait_until: Wait, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(controller_module, "UNREACHABLE_NOTIFY_S", 1.0)
+    monkeypatch.setattr(lifecycle, "UNREACHABLE_NOTIFY_S", 1.0)
     port = free_port()
     consented(f"http://127.0.0.1:{port}")
     c = make_controller(use_tray=False)
@@ -189,7 +190,7 @@ def test_hand_edited_settings_are_repaired_and_each_field_named(
 
 
 def test_limits_are_checked_as_the_volunteer_types(qtbot: Any) -> None:
-    from app.limits_form import LimitsForm
+    from app.qt.limits_form import LimitsForm
 
     form = LimitsForm()
     qtbot.addWidget(form)

@@ -11,7 +11,8 @@ from typing import Any
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QWizard
 
-from app.controller import AppController, AppPaths
+from app.core.paths import AppPaths
+from app.qt.controller import AppController
 from engine.resources import load_settings
 
 from .conftest import Coordinator

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from app import autostart
-from app.activity import Activity, clock_ticks, milestone_crossed
-from app.controller import seconds_until_tomorrow
-from app.presentation import human_bytes, present
-from app.supervisor import node_command, rotate
+from app.core import autostart
+from app.core.activity import Activity, clock_ticks, milestone_crossed
+from app.core.lifecycle import seconds_until_tomorrow
+from app.core.presentation import human_bytes, present
+from app.qt.supervisor import node_command, rotate
 
 
 def test_each_state_has_its_icon_words_and_menu() -> None:
@@ -118,7 +118,8 @@ def test_the_node_is_the_same_program() -> None:
 def test_the_app_never_loads_torch_or_aiortc() -> None:
     """The app talks to the engine through the control API only; torch would cost it ~250 MiB."""
     code = (
-        "import sys, lah.cli, app.controller, app.main, app.wizard, app.settings_window, app.status_window;"
+        "import sys, lah.cli, app.qt.controller, app.qt.main, app.qt.wizard, app.qt.settings_window,"
+        " app.qt.status_window;"
         "print(sorted(m for m in ('torch', 'aiortc', 'engine.node.volunteer') if m in sys.modules))"
     )
     out = subprocess.run(
@@ -128,7 +129,7 @@ def test_the_app_never_loads_torch_or_aiortc() -> None:
 
 
 def test_about_says_which_record_layer_the_node_runs() -> None:
-    from app.about import about_text
+    from app.qt.about import about_text
 
     runtime = {"torch": "2.13.0+cpu (CPU build)", "transport": "Python (compiled record layer not loaded: x)"}
     text = about_text("http://site", {"runtime": runtime, "device": "CPU"})

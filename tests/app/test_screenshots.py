@@ -14,8 +14,8 @@ import pytest
 import torch
 from PySide6.QtWidgets import QApplication, QWidget
 
-from app.controller import AppController
-from app.theme import apply_color_scheme
+from app.qt.controller import AppController
+from app.qt.theme import apply_color_scheme
 from engine.node import CoordinatorApi
 from engine.p2p import Identity
 from engine.p2p.patches import pin_host_addresses

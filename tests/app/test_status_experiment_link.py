@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import QObject, QUrl, Slot
 from PySide6.QtGui import QDesktopServices
 
-from app.controller import AppController
+from app.qt.controller import AppController
 from coordinator.config import ExperimentConfig, LanguageModel
 
 from .conftest import Coordinator, start_coordinator

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.controller import AppController
-from app.update_check import UpdateChecker
-from app.updates import Download, sign_manifest
+from app.core.updates import Download, sign_manifest
+from app.qt.controller import AppController
+from app.qt.update_check import UpdateChecker
 
 from .helpers import free_port
 
@@ -86,7 +86,7 @@ def test_an_offer_shows_in_the_menu_and_the_verified_file_is_opened(
     assert c.notifications[-1][0] == "Update available"
     opened: list[str] = []
     monkeypatch.setattr(
-        "app.controller.QDesktopServices.openUrl", lambda url: opened.append(url.toLocalFile())
+        "app.qt.controller.QDesktopServices.openUrl", lambda url: opened.append(url.toLocalFile())
     )
     c.updates.handle({"offer": True, "version": "0.2.0", "file": "/tmp/verified.deb"}, downloading=True)
     assert opened == ["/tmp/verified.deb"]

@@ -1,5 +1,5 @@
 """``GET /api/updates``: where a project's apps look for releases, on a real full coordinator (SQLite and
-PostgreSQL), read back by the app's own client (``app.updates.advertised_source``); and the config rule
+PostgreSQL), read back by the app's own client (``app.core.updates.advertised_source``); and the config rule
 that keeps an operator from naming a plain-http manifest."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.updates import advertised_source
+from app.core.updates import advertised_source
 from coordinator.app import create_full_app
 from coordinator.config import ConfigError, load_config
 

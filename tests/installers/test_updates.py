@@ -2,7 +2,7 @@
 expired, replayed and rolled-back manifests across runs (the record on disk), a development build, plain
 http and redirects to it, the coordinator naming the source (or none), and ``lah update``'s reply.
 
-Plain http is allowed here only because the server is on a loopback address (``app.update_policy``)."""
+Plain http is allowed here only because the server is on a loopback address (``app.core.update_policy``)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.updates import (
+from app.core.updates import (
     Download,
     DownloadMismatch,
     InsecureUrl,
@@ -337,10 +337,10 @@ async def test_lah_update_asks_the_coordinator_and_checks_nothing_when_it_names_
     assert site.hits == ["/api/updates"] and not state.exists()
     # Named: the manifest there, believed for the key's signature (the built-in key, in the app).
     monkeypatch.setattr(
-        "app.updates.check_for_update",
+        "app.core.updates.check_for_update",
         functools.partial(check_for_update, public_key=key.public_key(), platform=PLATFORM, timeout=5),
     )
-    monkeypatch.setattr("app.about.version", lambda: "0.1.0")
+    monkeypatch.setattr("app.qt.about.version", lambda: "0.1.0")
     site.routes["/api/updates"] = json.dumps({"manifest_url": site.url("/manifest.json")}).encode()
     serve(site, key, "0.2.0", notes_url="https://learning-at-home.org/releases/0.2.0")
     reply = await lah_update.check(tmp_path / "dl", None, coordinator=site.base, state=state)

@@ -1,4 +1,4 @@
-"""Which signed manifests the update check believes (``app.update_policy``), without a network: the
+"""Which signed manifests the update check believes (``app.core.update_policy``), without a network: the
 https rule and its loopback exception, a build's version (releases, development builds, unknown), the
 freshness and newest-seen rules, and the record of the newest manifest on disk."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from app.errors import InsecureUrl, ManifestInvalid, ManifestRefused
-from app.update_policy import (
+from app.core.errors import InsecureUrl, ManifestInvalid, ManifestRefused
+from app.core.update_policy import (
     CLOCK_SKEW_S,
     Seen,
     admit,

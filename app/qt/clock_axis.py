@@ -10,7 +10,7 @@ from typing import Any
 
 import pyqtgraph as pg  # type: ignore[import-untyped]
 
-from .activity import clock_label, clock_ticks
+from app.core.activity import clock_label, clock_ticks
 
 TICK_WIDTH_PX = 90  # room for one "14:05:30" and the gap to the next
 LABEL_OVERHANG_PX = 30  # half a label's width

@@ -5,7 +5,7 @@ AppError
 ├── RegistrationError    the coordinator refused or could not be reached during first run
 │                        (``unreachable`` tells which, so the wizard can offer to retry)
 ├── AlreadyRunning       another copy of the app runs for this user (it was asked to come forward)
-└── UpdateError          the update check (``app.updates``, run in the ``lah update`` child)
+└── UpdateError          the update check (``app.core.updates``, run in the ``lah update`` child)
     ├── UpdateUnavailable     the site or the coordinator is down, slow, answers an error, or sends too much
     ├── InsecureUrl           a manifest URL that is neither https nor http to a loopback address
     ├── ManifestInvalid       not a manifest: bad JSON, missing or ill-typed fields, a bad version or time

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import (
@@ -23,10 +22,11 @@ from PySide6.QtWidgets import (
     QWizardPage,
 )
 
+from app.core.config import MAX_NAME
+from app.core.consent import Consent
 from engine.resources import Settings
 
 from .assets import icon
-from .config import MAX_NAME
 
 URL_RE = re.compile(r"^https?://[^\s/]+(:\d+)?(/\S*)?$")
 
@@ -46,17 +46,8 @@ your computer did.</p>
 """
 
 
-@dataclass(frozen=True)
-class Consent:
-    settings: Settings
-    display_name: str
-    team: str
-    coordinator_url: str
-    autostart: bool
-    invite: str = ""  # the invitation code, where the project admits only invited names
-
-
-# register(consent, done) starts the registration off the GUI thread; done(error_text or None) on it.
+# register(consent, done) starts the registration off the GUI thread (``Lifecycle.register``); done(error_text
+# or None) on it.
 Register = Callable[[Consent, Callable[[str | None], None]], None]
 
 

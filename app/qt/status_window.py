@@ -22,11 +22,11 @@ from PySide6.QtCore import Qt, QUrl
 from PySide6.QtGui import QDesktopServices
 from PySide6.QtWidgets import QFormLayout, QGroupBox, QLabel, QVBoxLayout, QWidget
 
+from app.core.activity import Activity
+from app.core.presentation import View, human_bytes
 from engine.control.credit import describe_credit
 
-from .activity import Activity
 from .assets import icon
-from .presentation import View, human_bytes
 
 
 class StatusWindow(QWidget):

@@ -16,7 +16,7 @@ def assets_dir() -> Path:
     frozen = getattr(sys, "_MEIPASS", None)
     if frozen:
         return Path(frozen) / "assets"
-    return Path(__file__).resolve().parent.parent / "assets"
+    return Path(__file__).resolve().parents[2] / "assets"  # app/qt/assets.py -> the tree's root
 
 
 @cache

@@ -6,9 +6,10 @@ from __future__ import annotations
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QGridLayout, QHBoxLayout, QLabel, QMenu, QToolButton, QVBoxLayout, QWidget
 
+from app.core.presentation import View
+
 from .actions import Actions
 from .assets import icon
-from .presentation import View
 
 NO_TRAY_NOTE = (
     "Your desktop has no notification-area (tray) icons, so Learning@home shows this small window "

@@ -14,9 +14,11 @@ from collections.abc import Callable
 from PySide6.QtCore import QSocketNotifier
 from PySide6.QtWidgets import QApplication
 
+from app.core.paths import AppPaths
+
 from . import stall_probe
 from .assets import icon
-from .controller import AppController, AppPaths
+from .controller import AppController
 from .single_instance import SingleInstance
 from .theme import apply_color_scheme
 

@@ -18,6 +18,7 @@ program lives here, above all three::
     train_data  a classifier experiment's config and ``--data`` (an ``.npz``), checked against each other
     train_lm   ``lah train`` for a language model: its text, checkpoints, metrics
     lm_progress  a language model's evaluations (and generated samples) posted for the experiment's page
+    lm_text    text sampled from a language model while it trains (the demo's, ``lah train``'s, the page's)
     export     ``lah export``: a language model's experts gathered from their hosts + its dense part, one file
     generate   ``lah generate``: text from that file, on this machine alone
     update     ``lah update``: is there a newer, correctly signed release (and its verified file)?
@@ -28,9 +29,9 @@ program lives here, above all three::
     gpu_check  ``scripts/gpu-check``: the node's CUDA paths on a real device (skipped, and said so, without)
     gpu_backend  its expert compute checks: one expert, and many experts' backward as one, GPU against CPU
 
-Inside the package, the trainer reuses the demos' parts: ``train`` and ``lm_demo`` wait for experts
-with ``demo``'s helper; ``train_lm`` uses ``lm_demo``'s sampling and counters, and ``lm_progress`` its
-text generation, both imported inside functions (``lm_demo`` imports ``lm_progress`` at the top).
+The demos and the trainers share no module of each other's: what both need is in ``lm_text``,
+``lm_progress``, ``local_swarm`` or in the engine (the finder's ``wait_for_hosts``, the trainer's
+``call_counters``).
 ``update`` is the child process the tray app's update check starts: it uses ``app.core.updates`` and
 ``app.core.update_policy``, and ``app.qt.about`` for the version.
 

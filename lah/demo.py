@@ -24,7 +24,6 @@ imports the coordinator.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
 import tempfile
@@ -103,24 +102,6 @@ def experiment_of(cfg: TrainerConfig, replication: int) -> ExperimentConfig:
         replication=replication,
         target_batch_size=cfg.target_batch_size,
     )
-
-
-async def wait_for_experts(node: TrainerNode, uids: list[str], timeout: float) -> int:
-    """Until the trainer's finder sees a host for every uid (or ``timeout``): how many it sees."""
-    assert node.finder is not None
-    finder = node.finder
-    deadline = time.monotonic() + timeout
-    seen = 0
-    while time.monotonic() < deadline:
-        finder._cache.clear()  # fresh lookups while the swarm is still declaring
-        prefixes = sorted({u.rpartition(".")[0] + "." for u in uids})
-        for p in prefixes:
-            await finder.children(p)
-        seen = sum(1 for u in uids if finder.hosts_of(u))
-        if seen == len(uids):
-            break
-        await asyncio.sleep(0.5)
-    return seen
 
 
 def run_demo(
@@ -205,8 +186,9 @@ def run_demo(
                 loop.run(nodes[-1].start(), 60)
                 loop.run(services.accounts.set_role(name, "trainer", by=None), 15)  # an admin's act
             node = nodes[0]
+            assert node.finder is not None
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
-            seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
+            seen = loop.run(node.finder.wait_for_hosts(uids, 30), 40) if len(cfg.grid) == 2 else -1
             say(f"{node.name} ({node.identity.peer_id[:12]}…) finds {seen} experts through the DHT")
 
             data = load_digits_split(seed=cfg.seed)

@@ -117,7 +117,7 @@ async def _fused_pair(experts: int, batch: int, device: str, rounds: int) -> dic
     from concurrent.futures import ThreadPoolExecutor
 
     from engine.moe import ExpertBackend, ExpertSpec
-    from engine.moe.fused import backward_together
+    from engine.moe.fused import FusedExpert, backward_together
 
     spec = ExpertSpec("ffn", dim=512, hidden=1024)
     executor = ThreadPoolExecutor(1)
@@ -136,7 +136,7 @@ async def _fused_pair(experts: int, batch: int, device: str, rounds: int) -> dic
             for i in range(experts):
                 await grouped[i].forward("p", f"a{r}", xs[i])
                 await alone[i].forward("p", f"a{r}", xs[i])
-            jobs = []
+            jobs: list[tuple[FusedExpert, list[tuple[Any, ...]]]] = []
             for b, g in zip(grouped, gs, strict=True):
                 key = b._key("p", f"a{r}")
                 jobs.append((b, [(g, b.cache.pop(key), b.graphs.pop(key) if b.graphs is not None else None)]))

@@ -27,22 +27,19 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from engine.lm import CallCounters, Corpus, CsvLog, LmConfig, Metrics, TrainSettings, grid_name, train
-from engine.moe import ExpertCallFailed, NotEnoughExperts
-from engine.trainer import TrainerNode
-from engine.trainer.lm import layer_config, mixtures, remote_lm, trainer_threads
+from engine.lm import Corpus, CsvLog, LmConfig, Metrics, TrainSettings, grid_name, train
+from engine.swarm import SKIPPABLE
+from engine.trainer.lm import call_counters, layer_config, mixtures, remote_lm, trainer_threads
 
-from .demo import wait_for_experts
 from .lm_progress import ProgressPoster, model_sample
 from .local_swarm import LocalSwarm
 
 if TYPE_CHECKING:
     pass
 
-__all__ = ["LmRun", "call_counters", "generate_text", "lm_experiment", "run_lm", "sample_text"]
+__all__ = ["LmRun", "lm_experiment", "run_lm"]
 
 logger = logging.getLogger(__name__)
-SKIPPABLE = (ExpertCallFailed, NotEnoughExperts, TimeoutError)  # a step lost to the swarm, not the run
 EXPERIMENT = "shakespeare"
 NO_SAMPLE = "(no sample: pre-tokenized data has no tokenizer to decode one, or the swarm did not answer)"
 
@@ -92,38 +89,6 @@ def lm_experiment(lm: LmConfig, settings: TrainSettings, *, name: str = EXPERIME
     )
 
 
-def call_counters(node: TrainerNode) -> CallCounters:
-    """The trainer's expert calls by outcome and the bytes its open links carried."""
-    req = node.stats.requests
-    links = list(node.peer.links.values()) if node.peer is not None else []
-    return CallCounters(
-        calls_ok=req["ok"],
-        calls_failed=sum(n for code, n in req.items() if code not in ("ok", "late")),
-        calls_late=req["late"],
-        bytes_sent=sum(lk.rpc.channel.bytes_sent for lk in links),
-        bytes_received=sum(lk.rpc.channel.bytes_received for lk in links),
-    )
-
-
-def generate_text(model: Any, corpus: Corpus, tokens: int = 200, prompt: str = "\n", seed: int = 0) -> str:
-    """``tokens`` sampled after ``prompt``, decoded (the corpus has a tokenizer); raises ``SKIPPABLE``."""
-    assert corpus.tokenizer is not None
-    ids = corpus.tokenizer.encode(prompt) or [0]
-    idx = torch.tensor([ids], dtype=torch.long)
-    out = model.generate(idx, tokens, generator=torch.Generator().manual_seed(seed))
-    return str(corpus.tokenizer.decode(out[0].tolist()))
-
-
-def sample_text(model: Any, corpus: Corpus, tokens: int = 200, prompt: str = "\n", seed: int = 0) -> str:
-    """``tokens`` sampled after ``prompt`` (decoded), or a sentence saying why there is none."""
-    if corpus.tokenizer is None:
-        return "(pre-tokenized data: no tokenizer to decode a sample with)"
-    try:
-        return generate_text(model, corpus, tokens, prompt, seed)
-    except SKIPPABLE as e:
-        return f"(no sample: the swarm did not answer: {e})"
-
-
 def run_lm(
     corpus: Corpus,
     lm: LmConfig,
@@ -163,7 +128,7 @@ def run_lm(
                 for i in range(lm.grid[0])
                 for j in range(lm.grid[1])
             ]
-            seen = swarm.loop.run(wait_for_experts(node, uids, 60), 70)
+            seen = swarm.loop.run(node.finder.wait_for_hosts(uids, 60), 70)
             say(f"the trainer finds {seen} of {len(uids)} experts through the DHT")
             peer = node.peer if wrap_peer is None else wrap_peer(node.peer)
             model = remote_lm(peer, node.finder, swarm.loop, lm, EXPERIMENT, cfg, node.observe, settings.seed)

@@ -87,7 +87,9 @@ class ProgressPoster:
 def model_sample(model: Any, corpus: Any, tokens: int = SAMPLE_TOKENS) -> str | None:
     """``tokens`` of text from ``model``, made where the evaluation was, or None where there is none to
     show (pre-tokenized data, or a swarm that did not answer: the page keeps the previous sample)."""
-    from .lm_demo import SKIPPABLE, generate_text
+    from engine.swarm import SKIPPABLE
+
+    from .lm_text import generate_text
 
     if corpus.tokenizer is None:
         return None

@@ -177,7 +177,6 @@ def _run(
     from engine.node.lock import InstanceLock
     from engine.trainer import Trainer, TrainerNode, remote_model
 
-    from .demo import wait_for_experts
 
     data_dir = data_dir or default_data_dir()
     store = TrainerCredentials(data_dir, token_file)
@@ -212,7 +211,7 @@ def _run(
         identity = node.identity
         grids = experiment.grids if lm else [cfg.uid_prefix]
         uids = [f"{g}.{i}.{j}" for g in grids for i in range(cfg.grid[0]) for j in range(cfg.grid[1])]
-        seen = loop.run(wait_for_experts(node, uids, 30), 40) if len(cfg.grid) == 2 else -1
+        seen = loop.run(node.finder.wait_for_hosts(uids, 30), 40) if len(cfg.grid) == 2 else -1
         say(f"{account} ({identity.peer_id[:12]}…) joined {name}: {seen} experts found through the DHT")
         if lm:
             from .train_lm import train_language_model

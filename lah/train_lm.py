@@ -182,10 +182,11 @@ def train_language_model(
     from engine.lm import CsvLog, LossNotFinite, train
     from engine.moe.checkpoint import CheckpointStore, restore_state, snapshot_state
     from engine.moe.errors import CheckpointError
-    from engine.trainer.lm import remote_lm
+    from engine.swarm import SKIPPABLE
+    from engine.trainer.lm import call_counters, remote_lm
 
-    from .lm_demo import SKIPPABLE, call_counters, sample_text
     from .lm_progress import ProgressPoster, model_sample
+    from .lm_text import sample_text
 
     cfg, lm = experiment.trainer, experiment.lm
     say(f"text: {corpus.describe()}")

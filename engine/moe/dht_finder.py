@@ -242,6 +242,20 @@ class DHTExpertFinder:
             return entry.value
         return await self._fetch(prefix)
 
+    async def wait_for_hosts(self, uids: Sequence[str], timeout: float, poll_s: float = 0.5) -> int:
+        """Look ``uids`` up afresh every ``poll_s`` until each has a host or ``timeout`` passes; how many
+        have one. For a trainer that starts while its swarm is still declaring: the cache would keep
+        the first, partial answer for ``ttl_s``."""
+        prefixes = sorted({u.rpartition(".")[0] + "." for u in uids})
+        deadline = self.clock() + timeout
+        while True:
+            for prefix in prefixes:
+                await self._fetch(prefix)
+            seen = sum(1 for u in uids if self.hosts_of(u))
+            if seen == len(uids) or self.clock() >= deadline:
+                return seen
+            await asyncio.sleep(poll_s)
+
     async def _refresh(self, prefix: str) -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await self._fetch(prefix)

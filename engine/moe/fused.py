@@ -15,6 +15,7 @@ differentiable) steps on its own.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Protocol
 
 import torch
@@ -34,15 +35,20 @@ class FusedExpert(Protocol):
     """What these passes read of an expert: :class:`~.backend.ExpertBackend` is one. Named here, not
     imported, because the backend hands its ready backwards to this module."""
 
-    module: torch.nn.Module
-    optimizer: torch.optim.Optimizer
-    device: torch.device
-    max_grad_norm: float | None
-    stats: _StepCounts
+    @property
+    def module(self) -> torch.nn.Module: ...
+    @property
+    def optimizer(self) -> torch.optim.Optimizer: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def max_grad_norm(self) -> float | None: ...
+    @property
+    def stats(self) -> _StepCounts: ...
 
 
 def backward_together(
-    jobs: list[tuple[FusedExpert, list[tuple[Any, ...]]]],
+    jobs: Sequence[tuple[FusedExpert, Sequence[tuple[Any, ...]]]],
 ) -> list[list[tuple[torch.Tensor | None]]]:
     """Every job's backward batch (``ExpertBackend._backward_requests``'s requests) and each expert's
     optimizer step; each job's input gradients on the CPU, one tuple per request."""
@@ -63,7 +69,7 @@ def backward_together(
     return results
 
 
-def step_together(backends: list[FusedExpert]) -> None:
+def step_together(backends: Sequence[FusedExpert]) -> None:
     """Clip each expert's gradient to its ``max_grad_norm`` and take each one's Adam step."""
     _clip_each(backends)
     groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
@@ -106,7 +112,7 @@ def _plain(group: dict[str, Any]) -> bool:
     )
 
 
-def _clip_each(backends: list[FusedExpert]) -> None:
+def _clip_each(backends: Sequence[FusedExpert]) -> None:
     """``clip_grad_norm_(module.parameters(), max_grad_norm)`` for each expert, in foreach passes."""
     grads: list[torch.Tensor] = []
     owner: list[int] = []

@@ -16,14 +16,14 @@ from typing import Any
 
 import torch
 
-from engine.lm import LanguageModel, LmConfig, grid_name
+from engine.lm import CallCounters, LanguageModel, LmConfig, grid_name
 from engine.moe import LoopThread, RemoteMixtureOfExperts
 from engine.moe.local import LocalMixtureOfExperts
 from engine.moe.mixture import CallRecord, ExpertFinder
 
-from .trainer import TrainerConfig, remote_mixture
+from .trainer import TrainerConfig, TrainerNode, remote_mixture
 
-__all__ = ["layer_config", "local_lm", "mixtures", "remote_lm", "trainer_threads"]
+__all__ = ["call_counters", "layer_config", "local_lm", "mixtures", "remote_lm", "trainer_threads"]
 
 
 def trainer_threads() -> int:
@@ -73,3 +73,16 @@ def local_lm(lm: LmConfig, seed: int = 0) -> LanguageModel:
 def mixtures(model: LanguageModel) -> list[RemoteMixtureOfExperts]:
     """The model's remote layers (to read their ``short_rows``)."""
     return [m for m in model.modules() if isinstance(m, RemoteMixtureOfExperts)]
+
+
+def call_counters(node: TrainerNode) -> CallCounters:
+    """The trainer's expert calls by outcome and the bytes its open links carried, for a metrics row."""
+    req = node.stats.requests
+    links = list(node.peer.links.values()) if node.peer is not None else []
+    return CallCounters(
+        calls_ok=req["ok"],
+        calls_failed=sum(n for code, n in req.items() if code not in ("ok", "late")),
+        calls_late=req["late"],
+        bytes_sent=sum(lk.rpc.channel.bytes_sent for lk in links),
+        bytes_received=sum(lk.rpc.channel.bytes_received for lk in links),
+    )

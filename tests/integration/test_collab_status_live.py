@@ -22,7 +22,7 @@ from engine.node.join import join_local
 from engine.p2p.patches import install
 from engine.resources import Settings
 from engine.trainer import Trainer, TrainerConfig, TrainerNode, load_digits_split
-from lah.demo import experiment_of, wait_for_experts
+from lah.demo import experiment_of
 
 pytestmark = pytest.mark.integration
 
@@ -71,7 +71,7 @@ def test_trainers_status_reaches_the_swarm_page_and_the_trainers_tab(
                 loop.run(node.start(), 60)
                 loop.run(running.services.accounts.set_role(f"trainer-{i}", "trainer", by=None), 15)
             uids = [f"{cfg.uid_prefix}.{i}.{j}" for i in range(2) for j in range(2)]
-            assert loop.run(wait_for_experts(nodes[0], uids, 30), 40) == 4
+            assert loop.run(nodes[0].finder.wait_for_hosts(uids, 30), 40) == 4
             data = load_digits_split(seed=0)
             team = []
             for i, node in enumerate(nodes):

@@ -107,6 +107,25 @@ async def test_failed_host_is_avoided_when_a_replica_exists() -> None:
     assert second != first and {first, second} == {"a" * 40, "b" * 40}
 
 
+async def test_wait_for_hosts_looks_up_afresh_until_every_uid_has_a_host() -> None:
+    """A swarm still declaring: the first answers are partial, and a cache fresh for ``ttl_s`` would
+    keep them; waiting looks up again until every expert has a host, and says how many do at the end."""
+    declared = ["ffn.0.0"]
+    calls: list[str] = []
+
+    async def lookup(prefix: str) -> Children:
+        calls.append(prefix)
+        return {int(u.rsplit(".", 1)[1]): (u, ("h" * 40,)) for u in declared if u.startswith(prefix)}
+
+    finder = DHTExpertFinder(lookup, ttl_s=3600)
+    uids = ["ffn.0.0", "ffn.0.1", "ffn.0.2"]
+    assert await finder.wait_for_hosts(uids, timeout=0.05, poll_s=0.01) == 1
+    declared.extend(["ffn.0.1", "ffn.0.2"])
+    assert await finder.wait_for_hosts(uids, timeout=5, poll_s=0.01) == 3
+    assert all(finder.hosts_of(u) for u in uids)
+    assert set(calls) == {"ffn.0."} and len(calls) >= 3
+
+
 async def test_every_refresh_and_every_trainer_call_the_same_replica() -> None:
     """The DHT answers an expert's hosts latest declared first, an order each re-declaration changes:
     the replica called must not follow it (replicas are not averaged; alternating trained two copies

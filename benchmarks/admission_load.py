@@ -38,7 +38,7 @@ import aiohttp
 import asyncpg
 from figures import log
 
-from coordinator.tokens import TokenAuthority, load_signing_key
+from coordinator.accounts.tokens import TokenAuthority, load_signing_key
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.identity import Identity
 
@@ -78,10 +78,10 @@ async def serve(mode: str, schema: str, key_path: str, exports: str) -> None:
 
 def one_by_one(running: Any) -> None:
     """The admission path before batching, on this replica: every read and claim of its own."""
-    from coordinator import relay
-    from coordinator.accounts import NotFound
-    from coordinator.signaling import PeerRefused
-    from coordinator.tokens import TokenError
+    from coordinator.accounts.accounts import NotFound
+    from coordinator.accounts.tokens import TokenError
+    from coordinator.hub import relay
+    from coordinator.hub.signaling import PeerRefused
 
     services, group = running.services, running.hub.group
     services.tokens.revocations_complete = lambda: False

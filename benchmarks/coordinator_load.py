@@ -53,10 +53,10 @@ from figures import description, log, p99  # benchmarks/ is this script's folder
 from site_load import bench_site
 from sqlalchemy import text
 
+from coordinator.credit.leaderboard import leaderboard
+from coordinator.credit.ledger import DAY_S, ingest
+from coordinator.credit.receipts import Verifier, sign_receipt
 from coordinator.db.session import create_all, make_engine, session_factory
-from coordinator.leaderboard import leaderboard
-from coordinator.ledger import DAY_S, ingest
-from coordinator.receipts import Verifier, sign_receipt
 from engine.p2p import eventloop
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.identity import Identity

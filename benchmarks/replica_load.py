@@ -41,8 +41,8 @@ import asyncpg
 import msgspec
 from figures import description, log, p99
 
-from coordinator.receipts import ReceiptBatch, sign_receipt
-from coordinator.tokens import TokenAuthority, load_signing_key
+from coordinator.accounts.tokens import TokenAuthority, load_signing_key
+from coordinator.credit.receipts import ReceiptBatch, sign_receipt
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.identity import Identity
 from engine.p2p.signaling import reconnect_delay

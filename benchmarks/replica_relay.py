@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from figures import log, p99  # benchmarks/ is this script's folder, first on sys.path
 from sqlalchemy import text
 
-from coordinator.accounts import bind_message
+from coordinator.accounts.accounts import bind_message
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig
 from coordinator.db.session import make_engine

@@ -18,7 +18,7 @@ from typing import Any
 from figures import log, p99
 from sqlalchemy import text
 
-from coordinator.ledger import DAY_S
+from coordinator.credit.ledger import DAY_S
 from coordinator.site import exports as site_exports
 from coordinator.site import queries as site_queries
 from coordinator.site import ranges as site_ranges

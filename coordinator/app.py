@@ -10,15 +10,18 @@ from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from . import api_accounts, api_collab, api_ledger, api_progress, api_swarm, api_trainers, site
+from . import http, site
+from .accounts import api_accounts, api_trainers
 from .config import CoordinatorConfig
+from .credit import api_ledger
+from .credit.receipts import Verifier
 from .http import error_response
-from .outage import HEALTH_CHECKS, database_check, database_outage, run_checks
-from .presence import ReplicaGroup
-from .receipts import Verifier
+from .hub.presence import ReplicaGroup
+from .hub.signaling import HUB_KEY, SignalingHub
+from .hub.turn import TurnConfig
+from .replicas.outage import HEALTH_CHECKS, database_check, database_outage, run_checks
 from .services import SERVICES, Services, open_services
-from .signaling import HUB_KEY, SignalingHub
-from .turn import TurnConfig
+from .swarm import api_collab, api_progress, api_swarm
 
 # Connections the kernel holds for us before we accept them (capped by net.core.somaxconn). When a
 # replica dies, its thousand peers reconnect to the survivors within a second; with aiohttp's default
@@ -62,9 +65,9 @@ async def _peers(request: web.Request) -> web.StreamResponse:
     return await _peer_list(request)
 
 
-@api_accounts.json_errors
+@http.account_errors
 async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
-    await api_accounts.authenticate(request)
+    await http.authenticate(request)
     return await _peer_list(request)
 
 

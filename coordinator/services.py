@@ -30,18 +30,18 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from engine.p2p import signaling_protocol as sp
 
-from .accounts import Accounts, NotFound
-from .batching import Batcher
+from .accounts.accounts import Accounts, NotFound
+from .accounts.tokens import TokenAuthority, TokenError, load_signing_key
 from .config import ConfigError, CoordinatorConfig
+from .credit.ledger import in_list
 from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
-from .leader import Leader, LocalLeader
-from .ledger import in_list
-from .pg_link import DbClock, Link, Listener
+from .hub.batching import Batcher
+from .hub.signaling import OfferGate, PeerRefused
 from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
-from .shared_limits import Buckets, DatabaseBuckets, LocalBuckets
-from .signaling import OfferGate, PeerRefused
-from .tokens import TokenAuthority, TokenError, load_signing_key
+from .replicas.leader import Leader, LocalLeader
+from .replicas.pg_link import DbClock, Link, Listener
+from .replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 
 logger = logging.getLogger(__name__)
 HOUSEKEEPING_S = 600.0

@@ -271,7 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
     elif args.command == "coordinator":
         from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
-        from coordinator.accounts import AccountError
+        from coordinator.accounts.accounts import AccountError
 
         try:
             if args.action == "invite":

@@ -69,7 +69,7 @@ class LocalSwarm:
 
     def ram_mib(self) -> int:
         """Each volunteer's memory for experts: every grid ``replication`` times over all of them."""
-        from coordinator.assignment import expert_bytes
+        from coordinator.swarm.assignment import expert_bytes
 
         grids = [g for e in self.experiments for g in e.grids()]
         total = sum(math.prod(g.grid) * expert_bytes(g) * self.replication for g in grids)

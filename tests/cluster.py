@@ -190,7 +190,7 @@ class Cluster:
     def _write_coordinator_config(self) -> None:
         # One token key for the whole group: every replica must accept the tokens any other issued.
         # Written before any replica starts so that none of them races to create it.
-        from coordinator.tokens import load_signing_key
+        from coordinator.accounts.tokens import load_signing_key
 
         key = self.workdir / "token.key"
         load_signing_key(key)

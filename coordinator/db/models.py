@@ -37,7 +37,7 @@ class CreditMixin:
     """Total credit, and recent average credit (RAC): exponentially decayed with a 7-day half-life.
 
     ``credit_recent`` is the value as of ``credit_recent_at``; readers decay it to "now" (pure
-    function in ``coordinator.ledger``), so rows need no periodic rewrite.
+    function in ``coordinator.credit.ledger``), so rows need no periodic rewrite.
     """
 
     credit_total: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
@@ -69,7 +69,7 @@ class Account(CreditMixin, Base):
     __tablename__ = "accounts"
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(NAME_MAX), unique=True, nullable=False)
-    # coordinator.confusables.skeleton(name): look-alike names share it, and are refused as taken.
+    # coordinator.accounts.confusables.skeleton(name): look-alike names share it, and are refused as taken.
     name_skeleton: Mapped[str | None] = mapped_column(String(SKELETON_MAX), nullable=True, index=True)
     team_id: Mapped[int | None] = mapped_column(ForeignKey("teams.id"), nullable=True, index=True)
     role: Mapped[str] = mapped_column(String(16), default="volunteer", nullable=False)
@@ -246,7 +246,7 @@ class Assignment(Base):
 
 
 class CollabStatus(Base):
-    """A collaborative trainer's latest report of its collaboration (``coordinator.collab_status``):
+    """A collaborative trainer's latest report of its collaboration (``coordinator.swarm.collab_status``):
     the swarm page's panel. Rows older than a few minutes are deleted as new reports arrive."""
 
     __tablename__ = "collab_status"
@@ -282,7 +282,7 @@ class TrainerWork(Base):
 
 
 class Replica(Base):
-    """A coordinator process of a group sharing one PostgreSQL (``coordinator.presence``).
+    """A coordinator process of a group sharing one PostgreSQL (``coordinator.hub.presence``).
 
     ``heartbeat_at`` is the database's clock, never the replica's, so a replica whose clock is off
     is judged alive or dead like the others; ``listening`` is false while its relay listener is away.
@@ -320,7 +320,7 @@ class SignalFrame(Base):
 
 
 class ExperimentProgress(Base):
-    """One evaluation a trainer account reported for an experiment (``coordinator.progress``): a point
+    """One evaluation a trainer account reported for an experiment (``coordinator.swarm.progress``): a point
     of its validation-loss curve on the experiment's page, and maybe the text its model generated then.
 
     Bounded per (experiment, account): a trainer's rows always grow in ``train_tokens`` (a report at

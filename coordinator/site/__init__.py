@@ -9,11 +9,11 @@ Layers, bottom up (each imports only those above it in this list):
 - ``chart``: charts as inline SVG drawn on the server: credit over time (with its one-sentence
   summary), and lines over a numeric axis (an experiment's validation loss per trainer).
 - ``collab``: collaborative training's panel on ``/swarm``, the Trainers tab
-  (``/leaderboard?kind=trainers``) and trainers' training samples, through ``coordinator.collab_status``
-  and ``coordinator.training``; it uses ``routes``' helpers, which import it inside their handlers.
+  (``/leaderboard?kind=trainers``) and trainers' training samples, through ``coordinator.swarm.collab_status``
+  and ``coordinator.credit.training``; it uses ``routes``' helpers, which import it inside their handlers.
 - ``experiments``: ``/experiments`` and ``/experiments/{name}`` (each trainer's validation-loss curve,
   the newest generated sample as text, the model's shape and the hosts serving each grid now, through
-  ``coordinator.progress``) and their JSON twins ``/api/site/experiments[/{name}]``; it uses ``routes``'
+  ``coordinator.swarm.progress``) and their JSON twins ``/api/site/experiments[/{name}]``; it uses ``routes``'
   helpers, which import it inside ``setup_routes``.
 - ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard`` (``range=`` day/week/month),
   ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/``, through ``experiments`` the
@@ -27,7 +27,7 @@ Layers, bottom up (each imports only those above it in this list):
 - ``jobs``: ``start_jobs(app, ...)``: the periodic range refresh and daily dump on the app's loop.
 - ``templates/``, ``static/``: the layout and one stylesheet; nothing is loaded from elsewhere.
 
-Leaderboard and contributor JSON live in ``coordinator.api_ledger``. Errors: ``routes.BadParam`` and
+Leaderboard and contributor JSON live in ``coordinator.credit.api_ledger``. Errors: ``routes.BadParam`` and
 ``search.SearchError`` (both ``ValueError``: a 400 page); ``exports.ExportError`` (``OSError``: a dump
 not written, the previous one still served).
 
@@ -35,9 +35,10 @@ Of the coordinator, the site reads the database's models and session, the config
 the ledger and leaderboards, assignment, collaboration status, training and progress; ``jobs`` runs under
 a leader (one replica's work), and ``routes`` asks the signaling hub who is online on every replica.
 
-May import: coordinator.assignment, coordinator.collab_status, coordinator.config, coordinator.db,
-    coordinator.leader, coordinator.leaderboard, coordinator.ledger, coordinator.progress,
-    coordinator.services, coordinator.signaling, coordinator.training
+May import: coordinator.config, coordinator.credit.leaderboard, coordinator.credit.ledger,
+    coordinator.credit.training, coordinator.db, coordinator.hub.signaling, coordinator.replicas.leader,
+    coordinator.services, coordinator.swarm.assignment, coordinator.swarm.collab_status,
+    coordinator.swarm.progress
 """
 
 from .jobs import start_jobs

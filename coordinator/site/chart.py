@@ -20,7 +20,7 @@ from typing import Any
 
 from markupsafe import Markup, escape
 
-from ..ledger import DAY_S
+from ..credit.ledger import DAY_S
 from .queries import CreditPoint
 
 WIDTH = 760

@@ -1,7 +1,7 @@
 """The site's part of collaborative training: the swarm page's collaboration panel, the leaderboard's
 Trainers tab (``/leaderboard?kind=trainers``) and the training-samples tile of a trainer's contributor
-page, read through ``coordinator.collab_status`` and ``coordinator.training``. ``routes`` imports it
-inside its handlers (this module uses ``routes``' helpers)."""
+page, read through ``coordinator.swarm.collab_status`` and ``coordinator.credit.training``. ``routes``
+imports it inside its handlers (this module uses ``routes``' helpers)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ..collab_status import OUTCOME_LABELS, CollabView, collaborations
-from ..training import account_training_samples, trainer_board
+from ..credit.training import account_training_samples, trainer_board
+from ..swarm.collab_status import OUTCOME_LABELS, CollabView, collaborations
 from .routes import SITE, BadParam, _int, error_page, render
 
 MAX_PAGE = 400

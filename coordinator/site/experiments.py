@@ -2,7 +2,7 @@
 validation-loss curves, the newest generated sample, its shape and how many hosts serve each grid now)
 and their JSON twins under ``/api/site/experiments``.
 
-Training progress is what trainer accounts report (``coordinator.progress``): each curve is drawn as
+Training progress is what trainer accounts report (``coordinator.swarm.progress``): each curve is drawn as
 its trainer's and named so, and the sample says whose model wrote it; no figure of one trainer is shown
 as the experiment's. A sample is text from the network: the template escapes it like any name.
 ``routes.setup_routes`` adds these handlers; they use ``routes``' helpers.
@@ -19,10 +19,10 @@ from aiohttp import web
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from ..assignment import expert_uids
 from ..config import ExperimentConfig
 from ..db.models import Assignment
-from ..progress import Progress, TrainerCurve, experiment_progress, latest_reports
+from ..swarm.assignment import expert_uids
+from ..swarm.progress import Progress, TrainerCurve, experiment_progress, latest_reports
 from .chart import SERIES_STYLES, LinePoint, line_chart, short_number
 from .routes import SECURITY_HEADERS, SITE, error_json, error_page, render
 

@@ -31,8 +31,8 @@ from typing import Any, BinaryIO
 from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ..credit.ledger import decay, rac_per_day
 from ..db.models import Account, Host, Team
-from ..ledger import decay, rac_per_day
 
 KINDS = ("users", "teams", "hosts")
 FORMATS = ("csv", "json")

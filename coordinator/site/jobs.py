@@ -4,7 +4,7 @@
 the range leaderboards are re-summed every ``RANGE_EVERY_S`` (``ranges.refresh``), and the dumps of
 the current UTC day are written once they are missing (checked every ``EXPORT_CHECK_S``;
 ``exports.write_dumps``, in a child process when given the database URL). A failure is logged and
-retried on the next round; it never stops the site. Given a ``leader`` (``coordinator.leader``), the
+retried on the next round; it never stops the site. Given a ``leader`` (``coordinator.replicas.leader``), the
 loops are its jobs instead: with several replicas they run on the one that leads, and move with it.
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ..leader import LocalLeader
+from ..replicas.leader import LocalLeader
 from . import exports, ranges
 
 RANGE_EVERY_S = 300.0

@@ -9,7 +9,7 @@ import re
 
 from aiohttp import web
 
-from ..leaderboard import MAX_DEPTH
+from ..credit.leaderboard import MAX_DEPTH
 from . import exports, ranges, rank, search, subjects
 from .chart import chart_context
 from .queries import KINDS, SORTS

@@ -1,6 +1,6 @@
 """What the site's pages read, as plain frozen dataclasses.
 
-The leaderboard and contributor data come from ``coordinator.leaderboard`` (which owns ordering, recent
+The leaderboard and contributor data come from ``coordinator.credit.leaderboard`` (which owns ordering, recent
 credit decay and paging limits); this module adds only what the pages show beside them (row counts,
 team sizes, owners' ids, hosts' last contact, rank) and the swarm view: grid coverage from unexpired
 assignments and the hosts that served the most requests. "Recent" on the site is the per-day recent
@@ -16,11 +16,11 @@ from typing import Any
 from sqlalchemy import Select, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .. import leaderboard as lb
-from ..assignment import coverage, expert_uids
 from ..config import ExperimentConfig
+from ..credit import leaderboard as lb
+from ..credit.ledger import DAY_S, decay, rac_per_day
 from ..db.models import Account, Host, Team
-from ..ledger import DAY_S, decay, rac_per_day
+from ..swarm.assignment import coverage, expert_uids
 from . import ranges
 
 Kind = lb.Kind
@@ -70,8 +70,9 @@ class LeaderboardPage:
 async def leaderboard_page(
     sessions: async_sessionmaker[AsyncSession], kind: Kind, sort: Sort, page: int, per_page: int, now: float
 ) -> LeaderboardPage:
-    """``coordinator.leaderboard.leaderboard``, plus what the page shows beside it: the row count, owners'
-    account ids (host rows link to them) and team sizes. Raises ``LeaderboardError`` on bad arguments."""
+    """``coordinator.credit.leaderboard.leaderboard``, plus what the page shows beside it: the row count,
+    owners' account ids (host rows link to them) and team sizes. Raises ``LeaderboardError`` on bad
+    arguments."""
     board = await lb.leaderboard(sessions, kind, sort, page=page, per_page=per_page, now=now)
     keys = [e.id for e in board.entries]
     async with sessions() as session:
@@ -230,8 +231,8 @@ MAX_CHART_DAYS = 180
 async def contributor(
     sessions: async_sessionmaker[AsyncSession], account_id: int, now: float
 ) -> Contributor | None:
-    """``coordinator.leaderboard.contributor``, plus the rank, hosts' last contact, and the daily series
-    with the days without credit filled in (the chart needs every day)."""
+    """``coordinator.credit.leaderboard.contributor``, plus the rank, hosts' last contact, and the daily
+    series with the days without credit filled in (the chart needs every day)."""
     info = await lb.contributor(sessions, account_id, days=MAX_CHART_DAYS, now=now)
     if info is None:
         return None

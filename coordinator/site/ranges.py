@@ -24,9 +24,9 @@ from typing import Any, Literal
 from sqlalchemy import String, and_, cast, delete, func, insert, select, text, tuple_
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ..credit.leaderboard import MAX_DEPTH
+from ..credit.ledger import DAY_S
 from ..db.models import Account, CreditDay, CreditRange, CreditRangeRun, Host, Team
-from ..leaderboard import MAX_DEPTH
-from ..ledger import DAY_S
 
 Range = Literal["day", "week", "month", "all"]
 RANGES: tuple[Range, ...] = ("all", "month", "week", "day")

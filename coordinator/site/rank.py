@@ -1,6 +1,6 @@
 """Find-my-rank: where a name stands in a leaderboard order, so the site can jump to its page.
 
-Positions follow the leaderboard's own order exactly (``coordinator.leaderboard``: credit descending,
+Positions follow the leaderboard's own order exactly (``coordinator.credit.leaderboard``: credit descending,
 ties by key descending). By total, and over a range, that is one indexed count of the rows above. By
 recent credit the stored values decay, so the rows that can beat a value are those whose *stored*
 value is at least its decayed one (decay only shrinks); they are read through the index and decayed
@@ -15,9 +15,9 @@ from typing import Any
 from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from ..credit.leaderboard import MAX_DEPTH, MAX_SCAN
+from ..credit.ledger import decay
 from ..db.models import Account, Host, Team
-from ..leaderboard import MAX_DEPTH, MAX_SCAN
-from ..ledger import decay
 from . import ranges
 from .search import fold, normalise
 

@@ -17,7 +17,7 @@ from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..config import CoordinatorConfig
-from ..leaderboard import MAX_DEPTH, LeaderboardError
+from ..credit.leaderboard import MAX_DEPTH, LeaderboardError
 from ..services import SERVICES
 from . import queries, ranges, subjects
 from .chart import chart_context, day_label
@@ -81,8 +81,8 @@ def services_config(app: web.Application) -> CoordinatorConfig:
 
 
 async def hub_online(app: web.Application) -> Sequence[str] | None:
-    """Every replica's peers (coordinator.presence), not only this process's."""
-    from ..signaling import HUB_KEY
+    """Every replica's peers (coordinator.hub.presence), not only this process's."""
+    from ..hub.signaling import HUB_KEY
 
     hub = app.get(HUB_KEY)
     return None if hub is None else await hub.online_all()
@@ -119,7 +119,7 @@ def setup_routes(
     ``app``, and the site's own
     404 and error pages for every address outside ``/api/`` and ``/ws/``.
 
-    The leaderboard's and contributors' JSON is ``coordinator.api_ledger``'s (``/api/leaderboard``,
+    The leaderboard's and contributors' JSON is ``coordinator.credit.api_ledger``'s (``/api/leaderboard``,
     ``/api/contributors/{id}``); only the swarm view (coverage, peers online, top hosts) is new here.
 
     By default the pages read ``app[SERVICES]`` and the signaling hub (0 peers online without one).

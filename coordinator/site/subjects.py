@@ -10,8 +10,8 @@ from datetime import datetime
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ..credit.ledger import DAY_S, decay, rac_per_day
 from ..db.models import Account, CreditDay, Host, Team
-from ..ledger import DAY_S, decay, rac_per_day
 from .queries import MAX_CHART_DAYS, MIN_CHART_DAYS, CreditPoint
 
 MILESTONES = (100.0, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # the tray app registers through this module without loading 
     from engine.p2p import Identity
 
 
-#: The coordinator's limit on an evaluation's sample (``coordinator.progress.MAX_SAMPLE_BYTES``).
+#: The coordinator's limit on an evaluation's sample (``coordinator.swarm.progress.MAX_SAMPLE_BYTES``).
 PROGRESS_SAMPLE_BYTES = 4096
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # what the coordinator refuses in a sample
 

@@ -5,7 +5,7 @@ It runs as a task on the trainer's loop and reads the :class:`~engine.collab.Col
 there (the optimizer's state changes on that loop only), so the training thread never waits for it. A
 coordinator that is down or refuses a report costs a warning (one per ``warn_every_s``), never a step.
 ``samples_processed`` counts from zero for each ``run_id`` (one per reporter): the coordinator credits
-its increases, bounded by the trainer's receipts (``coordinator.training``).
+its increases, bounded by the trainer's receipts (``coordinator.credit.training``).
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ def round_outcome(reports: list[StepReport]) -> tuple[str, int | None, float | N
 
 
 def status_of(collab: CollaborativeOptimizer, experiment: str, peer_id: str, run_id: str) -> dict[str, Any]:
-    """The report's body (``coordinator.collab_status.StatusReport``), from the optimizer's state now."""
+    """The report's body (``coordinator.swarm.collab_status.StatusReport``), from the optimizer's state
+    now."""
     outcome, epoch, seconds = round_outcome(collab.reports)
     tracker = collab.tracker
     return {

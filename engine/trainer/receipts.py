@@ -3,7 +3,7 @@
 For every answered expert request the trainer signs a receipt ("host H served expert E for N samples,
 forward or backward, at time T"); the coordinator credits H (``POST /api/receipts``). The signed bytes
 are a domain prefix and a msgpack array of the fields in a fixed order: the same bytes as
-``coordinator/receipts.py`` (a test checks they agree byte for byte; the engine does not import the
+``coordinator/credit/receipts.py`` (a test checks they agree byte for byte; the engine does not import the
 coordinator).
 
 :class:`ReceiptBook` never blocks training: :meth:`ReceiptBook.add` only appends to a bounded queue; a

@@ -8,11 +8,11 @@ from typing import Any
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.accounts import bind_message
-from coordinator.api_accounts import setup_routes
+from coordinator.accounts.accounts import bind_message
+from coordinator.accounts.api_accounts import setup_routes
 from coordinator.config import CoordinatorConfig
+from coordinator.hub.signaling import SignalingHub
 from coordinator.services import SERVICES, Services, open_services
-from coordinator.signaling import SignalingHub
 from engine.p2p.identity import Identity
 
 HUB = web.AppKey("test_hub", SignalingHub)

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.accounts import (
+from coordinator.accounts.accounts import (
     BadProof,
     Conflict,
     Forbidden,

@@ -12,9 +12,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.accounts import bind_message
-from coordinator.api_accounts import MAX_BODY_BYTES
+from coordinator.accounts.accounts import bind_message
 from coordinator.db.models import Account, AllowlistEntry, Host, RevokedToken, Team
+from coordinator.http import MAX_BODY_BYTES
 from coordinator.services import Services
 from engine.p2p.identity import Identity
 
@@ -96,7 +96,7 @@ async def test_register_me_bind_refresh_revoke(api: Api) -> None:
 async def test_token_failures_are_401(api: Api) -> None:
     token = await api.register("ada")
     other_key = Identity.generate().private_key
-    from coordinator.tokens import TokenAuthority
+    from coordinator.accounts.tokens import TokenAuthority
 
     forged = TokenAuthority(other_key, api.services.sessions, clock=api.clock).issue(1, "admin")
     cases = {

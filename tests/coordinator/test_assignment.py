@@ -2,10 +2,10 @@ from collections import Counter
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.assignment import Capacity, assign_host, expert_bytes, expert_uids, plan
 from coordinator.config import ExperimentConfig
 from coordinator.db.models import Account, Host
 from coordinator.db.session import session_factory
+from coordinator.swarm.assignment import Capacity, assign_host, expert_bytes, expert_uids, plan
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[4, 4], hyperparams={"d_model": 64, "hidden": 256})
 

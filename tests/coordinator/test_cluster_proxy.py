@@ -18,7 +18,7 @@ import pytest
 import pytest_asyncio
 from sqlalchemy import text
 
-from coordinator.accounts import bind_message
+from coordinator.accounts.accounts import bind_message
 from coordinator.db.session import make_engine
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import SignedDescription, new_session_id, sign_description

@@ -17,13 +17,15 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import api_collab, api_ledger, site
-from coordinator.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, expire, record
+from coordinator import site
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.credit import api_ledger
+from coordinator.credit.receipts import ReceiptBatch, sign_receipt
 from coordinator.db.models import CollabStatus, TrainerWork
 from coordinator.ratelimit import RateLimiter
-from coordinator.receipts import ReceiptBatch, sign_receipt
 from coordinator.services import SERVICES, Services, open_services
+from coordinator.swarm import api_collab
+from coordinator.swarm.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, expire, record
 from engine.p2p.identity import Identity
 
 from .test_ledger_support import make_host

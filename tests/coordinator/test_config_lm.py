@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.assignment import Capacity, assign_host, expert_bytes
 from coordinator.config import ConfigError, layer_name, load_config
 from coordinator.db.models import Account, Host
 from coordinator.db.session import session_factory
+from coordinator.swarm.assignment import Capacity, assign_host, expert_bytes
 
 LM = """
 [[experiments]]

@@ -18,12 +18,13 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator import api_progress, site
+from coordinator import site
 from coordinator.config import CoordinatorConfig, ExperimentConfig, LanguageModel
 from coordinator.db.models import Account, Assignment, ExperimentProgress
-from coordinator.progress import MAX_SAMPLE_BYTES, ProgressReport, record
 from coordinator.ratelimit import RateLimiter
 from coordinator.services import SERVICES, Services, open_services
+from coordinator.swarm import api_progress
+from coordinator.swarm.progress import MAX_SAMPLE_BYTES, ProgressReport, record
 
 from .test_ledger_support import make_host
 

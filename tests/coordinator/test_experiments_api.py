@@ -15,11 +15,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.accounts import NotFound
+from coordinator.accounts.accounts import NotFound
+from coordinator.accounts.trainers import grant_trainer
 from coordinator.app import create_full_app
 from coordinator.config import DenseModel, ExperimentConfig, load_config
 from coordinator.services import Services, open_services
-from coordinator.trainers import grant_trainer
 from lah.cli import main as lah_main
 
 from . import accounts_helpers as h

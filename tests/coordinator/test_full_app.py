@@ -8,7 +8,7 @@ import aiohttp
 import pytest
 from sqlalchemy import update
 
-from coordinator.accounts import bind_message
+from coordinator.accounts.accounts import bind_message
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.models import Host

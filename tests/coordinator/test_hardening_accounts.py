@@ -16,12 +16,12 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.accounts import BadInvite, Conflict, bind_message, code_hash
+from coordinator.accounts.accounts import BadInvite, Conflict, bind_message, code_hash
 from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
 from coordinator.db.models import Host, Invite, Team
+from coordinator.hub.signaling import HUB_KEY
 from coordinator.services import Services
-from coordinator.signaling import HUB_KEY
 from engine.p2p.identity import Identity
 from engine.p2p.signaling import SignalingClient
 

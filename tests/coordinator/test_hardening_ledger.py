@@ -16,13 +16,13 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.api_ledger import LedgerDeps, setup_routes
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.credit.api_ledger import LedgerDeps, setup_routes
+from coordinator.credit.ledger import decay, ingest
+from coordinator.credit.receipts import SignedReceipt, Verifier, sign_receipt, sign_spot_check
+from coordinator.credit.spot_checks import report_spot_check
 from coordinator.db.models import Account, Host
-from coordinator.ledger import decay, ingest
-from coordinator.receipts import SignedReceipt, Verifier, sign_receipt, sign_spot_check
 from coordinator.services import SERVICES, Services, open_services
-from coordinator.spot_checks import report_spot_check
 from engine.p2p.identity import Identity
 
 from .accounts_helpers import FakeClock

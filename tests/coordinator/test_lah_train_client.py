@@ -14,10 +14,10 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from coordinator.accounts.trainers import grant_trainer
 from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
 from coordinator.services import Services
-from coordinator.trainers import grant_trainer
 from engine.node.coordinator_api import CoordinatorApi
 from engine.node.errors import CoordinatorError
 from engine.node.tokens import Credentials
@@ -170,7 +170,7 @@ async def test_a_wrong_coordinator_url_is_unreachable_not_a_missing_login(
 
 
 async def test_a_grant_with_a_bad_lifetime_is_refused_before_anything_changes(server: Server) -> None:
-    from coordinator.accounts import InvalidName, NotFound
+    from coordinator.accounts.accounts import InvalidName, NotFound
 
     with pytest.raises(InvalidName):
         await grant_trainer(server.services.accounts, "newcomer", by=None, ttl_s=0)

@@ -4,9 +4,7 @@ import random
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.db.models import Account, Host, Team
-from coordinator.db.session import session_factory
-from coordinator.leaderboard import (
+from coordinator.credit.leaderboard import (
     HALF_LIFE_S,
     LeaderboardError,
     contributor,
@@ -14,8 +12,10 @@ from coordinator.leaderboard import (
     recent_key,
     swarm_stats,
 )
-from coordinator.ledger import DAY_S, decay, ingest
-from coordinator.receipts import sign_receipt
+from coordinator.credit.ledger import DAY_S, decay, ingest
+from coordinator.credit.receipts import sign_receipt
+from coordinator.db.models import Account, Host, Team
+from coordinator.db.session import session_factory
 
 from .test_ledger_support import make_host
 
@@ -164,7 +164,7 @@ async def test_bad_arguments(db: AsyncEngine) -> None:
 async def test_recent_with_idle_accounts_and_the_database_fallback(
     db: AsyncEngine, monkeypatch: pytest.MonkeyPatch, max_scan: int
 ) -> None:
-    import coordinator.leaderboard as lb
+    import coordinator.credit.leaderboard as lb
 
     monkeypatch.setattr(lb, "MAX_SCAN", max_scan)
     rows = await seed(db, n=30)

@@ -5,11 +5,11 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from coordinator.credit.ledger import DAY_S, HALF_LIFE_S, decay, ingest
+from coordinator.credit.receipts import ReceiptBatch, sign_receipt, sign_spot_check
+from coordinator.credit.spot_checks import SpotCheckRejected, report_spot_check
 from coordinator.db.models import Account, CreditDay, Host, Receipt, Team
 from coordinator.db.session import session_factory
-from coordinator.ledger import DAY_S, HALF_LIFE_S, decay, ingest
-from coordinator.receipts import ReceiptBatch, sign_receipt, sign_spot_check
-from coordinator.spot_checks import SpotCheckRejected, report_spot_check
 from engine.p2p.identity import Identity
 
 from .test_ledger_support import make_host

@@ -7,9 +7,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.api_ledger import LedgerDeps, setup_routes
 from coordinator.config import CoordinatorConfig
-from coordinator.receipts import MAX_BATCH, ReceiptBatch, sign_receipt, sign_spot_check
+from coordinator.credit.api_ledger import LedgerDeps, setup_routes
+from coordinator.credit.receipts import MAX_BATCH, ReceiptBatch, sign_receipt, sign_spot_check
 from coordinator.services import SERVICES, Services, open_services
 from engine.p2p.identity import Identity
 

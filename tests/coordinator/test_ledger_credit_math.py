@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from coordinator.ledger import (
+from coordinator.credit.ledger import (
     DAY_S,
     HALF_LIFE_S,
     MAX_AGE_S,
@@ -27,7 +27,7 @@ from coordinator.ledger import (
     rac_per_day,
     receipt_credit,
 )
-from coordinator.receipts import SignedReceipt
+from coordinator.credit.receipts import SignedReceipt
 
 NOW = 1_800_000_000.0
 TRAINER, HOST = "aa" * 20, "bb" * 20

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from coordinator.ledger import (
+from coordinator.credit.ledger import (
     DAY_S,
     HALF_LIFE_S,
     add_credit,

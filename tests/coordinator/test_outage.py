@@ -10,7 +10,7 @@ from sqlalchemy.exc import IntegrityError, OperationalError
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig
-from coordinator.outage import HEALTH_CHECKS, is_outage
+from coordinator.replicas.outage import HEALTH_CHECKS, is_outage
 
 
 def _wrapped(orig: BaseException) -> OperationalError:

@@ -8,7 +8,7 @@ import time
 import msgspec
 import pytest
 
-from coordinator.receipts import (
+from coordinator.credit.receipts import (
     KeyCache,
     ReceiptError,
     SignedReceipt,

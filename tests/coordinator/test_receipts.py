@@ -1,7 +1,7 @@
 import msgspec
 import pytest
 
-from coordinator.receipts import (
+from coordinator.credit.receipts import (
     MAX_BATCH,
     ReceiptBatch,
     ReceiptError,

@@ -1,4 +1,4 @@
-"""The notifications replicas send each other (coordinator.relay), as pure functions: every kind
+"""The notifications replicas send each other (coordinator.hub.relay), as pure functions: every kind
 survives the round trip whatever its frame holds, and anything else is a typed error."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from coordinator import relay
-from coordinator.relay import BadNotification, Deliver, Evict, RelayError, Stored, Sweep
-from coordinator.signaling import SignalingHub
+from coordinator.hub import relay
+from coordinator.hub.relay import BadNotification, Deliver, Evict, RelayError, Stored, Sweep
+from coordinator.hub.signaling import SignalingHub
 
 PEER = "a" * 40
 

@@ -13,8 +13,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from coordinator.db.session import make_engine
-from coordinator.presence import ReplicaGroup
-from coordinator.signaling import SignalingHub
+from coordinator.hub.presence import ReplicaGroup
+from coordinator.hub.signaling import SignalingHub
 from tests.dbs import POSTGRES_URL
 
 from .signal_cluster import Cluster, cluster

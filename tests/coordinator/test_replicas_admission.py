@@ -8,7 +8,7 @@ import asyncio
 
 from sqlalchemy import text
 
-from coordinator.presence import ReplicaGroup
+from coordinator.hub.presence import ReplicaGroup
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import SignalingError
 from engine.p2p.signaling import SignalingRefused

@@ -20,13 +20,13 @@ from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
 from coordinator.app import RunningCoordinator
+from coordinator.credit.receipts import ReceiptBatch, sign_receipt
 from coordinator.db.models import Account, Host, Receipt
 from coordinator.db.session import make_engine
-from coordinator.leader import Leader
 from coordinator.migrations import alembic_config, migrate
-from coordinator.pg_link import Link
-from coordinator.receipts import ReceiptBatch, sign_receipt
-from coordinator.shared_limits import DatabaseBuckets
+from coordinator.replicas.leader import Leader
+from coordinator.replicas.pg_link import Link
+from coordinator.replicas.shared_limits import DatabaseBuckets
 from engine.p2p.identity import Identity
 from tests.dbs import POSTGRES_URL
 

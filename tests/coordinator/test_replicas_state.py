@@ -18,8 +18,8 @@ from sqlalchemy import text
 from coordinator.app import RunningCoordinator
 from coordinator.config import ConfigError, CoordinatorConfig
 from coordinator.db.session import make_engine
+from coordinator.replicas.shared_limits import DatabaseBuckets, LocalBuckets
 from coordinator.services import open_services
-from coordinator.shared_limits import DatabaseBuckets, LocalBuckets
 
 from .replicas_helpers import fresh_schema, start_replica, wait_for
 
@@ -153,7 +153,7 @@ async def test_a_replica_with_a_clock_two_minutes_off_judges_tokens_by_the_datab
                     assert abs(claims.iat - time.time()) < 5  # issued on database time
             # The same replica without the correction issues tokens the others refuse as "not valid
             # yet": the test would catch a replica that used its own clock.
-            from coordinator.tokens import TokenAuthority, TokenExpired, load_signing_key
+            from coordinator.accounts.tokens import TokenAuthority, TokenExpired, load_signing_key
 
             raw = TokenAuthority(
                 load_signing_key(tmp_path / "token.key"),

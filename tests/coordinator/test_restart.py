@@ -10,7 +10,7 @@ import msgspec
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
-from coordinator.receipts import sign_receipt
+from coordinator.credit.receipts import sign_receipt
 from engine.p2p.signaling import SignalingClient
 from tests.coordinator.accounts_helpers import volunteer_with_host
 from tests.coordinator.test_ledger_support import make_host

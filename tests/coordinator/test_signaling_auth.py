@@ -13,8 +13,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.signaling import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, SignalingHub
-from coordinator.tokens import TokenAuthority
+from coordinator.accounts.tokens import TokenAuthority
+from coordinator.hub.signaling import CLOSE_FORBIDDEN, CLOSE_UNAUTHORIZED, SignalingHub
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.identity import Identity
 from engine.p2p.signaling import SignalingClient, SignalingRefused
@@ -182,7 +182,7 @@ async def test_hub_without_accounts_needs_no_token() -> None:
 
 async def test_turn_credentials_are_renewed_by_reconnecting() -> None:
     from coordinator.app import start
-    from coordinator.turn import TurnConfig
+    from coordinator.hub.turn import TurnConfig
     from engine.p2p.identity import Identity
     from engine.p2p.signaling import SignalingClient, turn_expiry
 

@@ -180,7 +180,7 @@ async def test_display_names_are_escaped_everywhere(site: Site) -> None:
         "page=%202",
         "page=1_0",
         "page=%D9%A3",  # ARABIC-INDIC DIGIT THREE: isdigit() but not ASCII
-        "page=2001",  # deeper than coordinator.leaderboard.MAX_DEPTH rows (5 a page)
+        "page=2001",  # deeper than coordinator.credit.leaderboard.MAX_DEPTH rows (5 a page)
         "page=99999999999999999999999999",
         "page=1%20OR%201%3D1",
         "kind=",

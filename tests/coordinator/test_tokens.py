@@ -13,15 +13,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.db.models import RevokedToken
-from coordinator.db.session import session_factory
-from coordinator.tokens import (
+from coordinator.accounts.tokens import (
     TokenAuthority,
     TokenExpired,
     TokenInvalid,
     TokenRevoked,
     load_signing_key,
 )
+from coordinator.db.models import RevokedToken
+from coordinator.db.session import session_factory
 
 from .accounts_helpers import FakeClock
 

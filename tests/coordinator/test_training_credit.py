@@ -9,18 +9,18 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from coordinator.collab_status import StatusReport, record
-from coordinator.db.models import Account
-from coordinator.db.session import session_factory
-from coordinator.ledger import ingest
-from coordinator.receipts import sign_receipt
-from coordinator.training import (
+from coordinator.credit.ledger import ingest
+from coordinator.credit.receipts import sign_receipt
+from coordinator.credit.training import (
     TrainingClaimError,
     account_training_samples,
     claim_delta,
     forward_samples,
     trainer_board,
 )
+from coordinator.db.models import Account
+from coordinator.db.session import session_factory
+from coordinator.swarm.collab_status import StatusReport, record
 
 from .test_ledger_support import make_host
 

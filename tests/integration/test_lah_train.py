@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from coordinator.accounts.trainers import grant_trainer
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, DenseModel, ExperimentConfig
-from coordinator.trainers import grant_trainer
 from engine.moe import LoopThread
 from engine.node.coordinator_api import CoordinatorApi
 from engine.node.join import join_local

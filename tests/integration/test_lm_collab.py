@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from coordinator.trainers import grant_trainer
+from coordinator.accounts.trainers import grant_trainer
 from engine.lm import LmConfig, TrainSettings, open_corpus
 from lah.cli import main as lah_main
 from lah.lm_demo import lm_experiment

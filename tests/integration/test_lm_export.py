@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.trainers import grant_trainer
+from coordinator.accounts.trainers import grant_trainer
 from engine.lm import LmConfig, TrainSettings, open_corpus
 from engine.lm.model_file import expert_prefixes, read_model_file
 from engine.moe import StaticExpertFinder

@@ -17,7 +17,7 @@ import pytest
 
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig, LanguageModel
-from coordinator.progress import MAX_SAMPLE_BYTES
+from coordinator.swarm.progress import MAX_SAMPLE_BYTES
 from engine.lm import Metrics
 from engine.moe import LoopThread
 from engine.node.coordinator_api import PROGRESS_SAMPLE_BYTES, CoordinatorApi, progress_report

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.trainers import grant_trainer
+from coordinator.accounts.trainers import grant_trainer
 from engine.lm import LmConfig, TrainSettings, open_corpus
 from engine.lm.tokenizer import CharTokenizer, save
 from lah.cli import main as lah_main

@@ -20,9 +20,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from coordinator.accounts.trainers import grant_trainer
 from coordinator.config import DenseModel, ExperimentConfig
-from coordinator.leaderboard import leaderboard
-from coordinator.trainers import grant_trainer
+from coordinator.credit.leaderboard import leaderboard
 from engine.lm import LmConfig, TrainSettings
 from engine.swarm import (
     CoordinatorNotFound,

@@ -8,7 +8,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from coordinator.signaling import SignalingHub
+from coordinator.hub.signaling import SignalingHub
 from engine.p2p import ConnectError, Handlers, Identity, LinkConfig, Peer, PeerMismatch
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.connection import check_fingerprint, remote_certificate_fingerprint

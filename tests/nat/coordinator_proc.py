@@ -14,7 +14,7 @@ import logging
 import sys
 
 from coordinator.app import start
-from coordinator.turn import TurnConfig
+from coordinator.hub.turn import TurnConfig
 from engine.p2p.signaling_protocol import IceServer
 
 

@@ -1,4 +1,4 @@
-"""coordinator.batching.Batcher: many callers, one run per batch, one batch at a time, in order."""
+"""coordinator.hub.batching.Batcher: many callers, one run per batch, one batch at a time, in order."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from coordinator.batching import Batcher, BatchError
+from coordinator.hub.batching import Batcher, BatchError
 
 
 class Recorder:

@@ -3,7 +3,7 @@ of a collaboration derived from its trainers' reports."""
 
 from __future__ import annotations
 
-from coordinator.collab_status import TrainerStatus, collab_view
+from coordinator.swarm.collab_status import TrainerStatus, collab_view
 from engine.collab import RoundReport, StepReport
 from engine.trainer.collab_status import round_outcome
 

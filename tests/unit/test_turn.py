@@ -2,8 +2,8 @@ import base64
 import hashlib
 import hmac
 
-from coordinator.signaling import SignalingHub
-from coordinator.turn import TurnConfig, turn_credential
+from coordinator.hub.signaling import SignalingHub
+from coordinator.hub.turn import TurnConfig, turn_credential
 
 
 def test_credential_is_coturns_rest_scheme() -> None:

@@ -22,7 +22,7 @@ depends_on: str | Sequence[str] | None = None
 
 
 def upgrade() -> None:
-    from coordinator.confusables import skeleton  # the same function registration uses
+    from coordinator.accounts.confusables import skeleton  # the same function registration uses
 
     op.create_table(
         "invites",

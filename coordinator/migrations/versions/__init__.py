@@ -5,5 +5,5 @@ not listed here: ``alembic history`` is the list. A revision describes the schem
 imports nothing of the live code, but for ``0003_hardening``, which fills the names' skeletons with the
 very function registration uses.
 
-May import: coordinator.confusables
+May import: coordinator.accounts.confusables
 """

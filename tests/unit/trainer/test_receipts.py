@@ -6,7 +6,7 @@ import base64
 import msgspec
 import pytest
 
-from coordinator import receipts as coord
+from coordinator.credit import receipts as coord
 from engine.p2p import Identity
 from engine.trainer.receipts import (
     ReceiptBook,

@@ -7,9 +7,9 @@ there is none, makes it a trainer and returns a login code; ``POST /api/trainers
 name and code for a token with role ``trainer``, which refreshes as every token does. A code that was
 lost, used, or has expired (as has the token, after a long pause) is replaced by granting again.
 
-A login code is an invitation for that name (the ``invites`` table: stored as a hash, expiring, used
-once): the account exists by then, so it can never register a second one, and an admin's invitation
-for a trainer's name is an admin's word either way. Errors are the accounts' (``coordinator.accounts``):
+A login code is an invitation for that name (the ``invites`` table: stored as a hash, expiring, used once):
+the account exists by then, so it can never register a second one, and an admin's invitation for a trainer's
+name is an admin's word either way. Errors are the accounts' (``coordinator.accounts.accounts``):
 ``BadInvite`` for a wrong, used or expired code, ``Forbidden`` for an account that is not a trainer,
 ``Disabled`` for a disabled one.
 """
@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from sqlalchemy import update
 
+from ..credit.ledger import TRAINER_ROLES  # who posts receipts is who trains
+from ..db.models import Invite
 from .accounts import (
     Accounts,
     AccountView,
@@ -29,8 +31,6 @@ from .accounts import (
     code_hash,
     validate_name,
 )
-from .db.models import Invite
-from .ledger import TRAINER_ROLES  # who posts receipts is who trains
 
 
 async def grant_trainer(

@@ -16,7 +16,7 @@ socket on another live replica, that replica is told (``relay.Evict``) to close 
 closes a duplicate socket itself. Claims are batched (``batching.Batcher``: those arriving while the
 previous batch is written go in the next): one UPDATE and at most one INSERT over arrays for the
 whole batch, and one NOTIFY statement for its evictions, so a failover's thousand joins cost a few
-dozen statements, not a transaction each. The signaling hub (``coordinator.signaling``) forwards a signal
+dozen statements, not a transaction each. The signaling hub (``coordinator.hub.signaling``) forwards a signal
 whose recipient is not on this replica with :meth:`ReplicaGroup.forward`; the recipient's replica
 delivers it, or answers the sender with ``Error(unknown_peer)`` if the peer left meanwhile.
 

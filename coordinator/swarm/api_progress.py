@@ -2,7 +2,7 @@
 
 ::
 
-    POST /api/experiments/{name}/progress   ProgressReport (coordinator.progress; body <= 16 KiB):
+    POST /api/experiments/{name}/progress   ProgressReport (coordinator.swarm.progress; body <= 16 KiB):
                                             {"step", "train_tokens", "val_loss", "tokens_per_s",
                                              "sample"?: generated text, <= 4 KiB of UTF-8}
                                             -> 200 {"experiment", "account_id", "kept"}
@@ -23,13 +23,11 @@ import time
 
 from aiohttp import web
 
-from .api_accounts import json_errors as account_errors
-from .api_ledger import _trainer
-from .http import ApiError, read_json
+from ..http import ApiError, account_errors, read_json, require_trainer
+from ..ratelimit import RateLimiter
+from ..replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
+from ..services import SERVICES
 from .progress import MAX_BODY_BYTES, ProgressError, ProgressReport, check, record
-from .ratelimit import RateLimiter
-from .services import SERVICES
-from .shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 
 #: Per account: a trainer evaluates every few hundred steps; a demo's every few seconds at most.
 REPORTS_PER_MINUTE = 30
@@ -40,7 +38,7 @@ PROGRESS_LIMITER = web.AppKey("progress_limiter", Buckets)
 
 @account_errors
 async def post_progress(request: web.Request) -> web.StreamResponse:
-    account = await _trainer(request)
+    account = await require_trainer(request)
     report = await read_json(request, ProgressReport, MAX_BODY_BYTES, invalid_status=422)
     wait = await request.app[PROGRESS_LIMITER].take(str(account.id))
     if wait > 0:

@@ -1,12 +1,11 @@
 """Collaborative trainers' status reports: the schema, its checks, storing them, and the swarm's view.
 
-A trainer of a collaborative experiment posts every few seconds what it sees of its collaboration
-(``POST /api/collab/status``, ``coordinator.api_collab``): its epoch, the samples it has accumulated
-towards the next step and its rate, how many peers it sees, its last round (epoch, seconds, outcome),
-and the samples it processed since its process started (``run_id``), which ``coordinator.training``
-turns into the trainer's training samples. Reports replace the key's previous one; rows older than
-``EXPIRE_S`` are deleted by the next report and by a periodic ``expire``, and the view shows only those
-of the last ``ONLINE_S``.
+A trainer of a collaborative experiment posts every few seconds what it sees of its collaboration (``POST
+/api/collab/status``, ``coordinator.swarm.api_collab``): its epoch, the samples it has accumulated towards the
+next step and its rate, how many peers it sees, its last round (epoch, seconds, outcome), and the samples it
+processed since its process started (``run_id``), which ``coordinator.credit.training`` turns into the
+trainer's training samples. Reports replace the key's previous one; rows older than ``EXPIRE_S`` are deleted
+by the next report and by a periodic ``expire``, and the view shows only those of the last ``ONLINE_S``.
 
 The view per experiment (``collab_view``, pure) follows ``engine.collab.progress.derive_progress``: the
 collaboration's epoch is the newest one at least half of the online trainers have reached, its progress
@@ -28,9 +27,9 @@ from sqlalchemy import Table, delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from . import training
-from .config import ExperimentConfig
-from .db.models import NAME_MAX, Account, CollabStatus
+from ..config import ExperimentConfig
+from ..credit import training
+from ..db.models import NAME_MAX, Account, CollabStatus
 
 ONLINE_S = 30.0  # a trainer reporting every few seconds is online; older reports are not shown
 EXPIRE_S = 600.0  # rows older than this are deleted (bounded table, whatever trainers come and go)

@@ -57,7 +57,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import APP_NAME, Identity
 
-from .db.models import ROLES, RevokedToken
+from ..db.models import ROLES, RevokedToken
 
 log = logging.getLogger(__name__)
 DOMAIN = b"lah-token-v1\x00"

@@ -4,7 +4,7 @@ Each replica listens on its own channel, ``lah_signal_<replica id>``, on one ded
 connection (a :class:`Listener`). One channel per replica rather than one shared by all: a relayed
 offer wakes only the replica that holds its recipient, so N replicas do not each parse every
 relay of the group, and a notification to a dead replica's channel simply has no listener. The
-sender's replica finds the recipient's replica in the ``presence`` table (``coordinator.presence``)
+sender's replica finds the recipient's replica in the ``presence`` table (``coordinator.hub.presence``)
 and notifies in the same statement.
 
 The notifications (pure functions below, tested without I/O), one text line of tab-separated

@@ -1,10 +1,10 @@
 """Trainers' own work: training samples, a credit kind of its own, bounded by the trainers' receipts.
 
-Volunteers earn *credit* (``coordinator.ledger``): samples times the expert's cost, proven by receipts
-that someone else (a trainer) signed. A trainer's work is the samples it trained the dense model on,
+Volunteers earn *credit* (``coordinator.credit.ledger``): samples times the expert's cost, proven by
+receipts that someone else (a trainer) signed. A trainer's work is the samples it trained the dense model on,
 and nobody else signs for those: the trainer says so itself in its status reports
-(``coordinator.collab_status``). Folding that claim into credit would let a trainer account, which also
-writes everyone's receipts, rank itself above the volunteers at will; so training samples are a
+(``coordinator.swarm.collab_status``). Folding that claim into credit would let a trainer account, which
+also writes everyone's receipts, rank itself above the volunteers at will; so training samples are a
 separate count, shown on the leaderboard's Trainers tab, never added to credit totals, ranks or teams.
 
 The bound: every sample a trainer trains on goes forward through at least one volunteer's expert, and
@@ -31,7 +31,7 @@ from sqlalchemy import Table, case, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .db.models import Account, Host, Team, TrainerWork
+from ..db.models import Account, Host, Team, TrainerWork
 
 _WORK: Table = TrainerWork.__table__  # type: ignore[assignment]
 _ACCOUNTS: Table = Account.__table__  # type: ignore[assignment]

@@ -21,7 +21,7 @@ description) is dropped silently, so replaying one never costs its recipient a s
 (account disabled, host unbound); their sockets are closed with ``account_disabled`` at once.
 ``address_of`` says which client address a request counts against (trusted reverse proxies).
 
-With ``group`` set (a ``coordinator.presence.ReplicaGroup``: replicas sharing PostgreSQL) a peer's
+With ``group`` set (a ``coordinator.hub.presence.ReplicaGroup``: replicas sharing PostgreSQL) a peer's
 socket is claimed in the shared presence table before its welcome (the latest connection wins on
 any replica), a signal for a peer on another replica is forwarded through PostgreSQL NOTIFY, and
 ``online_all`` lists every live replica's peers. Without it (SQLite, one process) nothing leaves
@@ -47,8 +47,8 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
+from ..ratelimit import ConnectionLimiter, RateLimiter
 from .presence import ReplicaGroup, new_conn_id
-from .ratelimit import ConnectionLimiter, RateLimiter
 from .turn import TurnConfig, turn_server
 
 logger = logging.getLogger(__name__)

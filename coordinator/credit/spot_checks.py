@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from sqlalchemy import Table, and_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .db.models import SpotCheckFlag
+from ..db.models import SpotCheckFlag
 from .ledger import (
     _ACCOUNTS,
     _HOSTS,

@@ -4,8 +4,8 @@ Anyone may register a display name (optionally in a team) and gets a volunteer t
 grants ``trainer`` or ``admin`` (the first admin is made by the operator: ``set_role(..., by=None)``).
 In allowlist mode only names on the allowlist may register, and only with the secret code of an
 unused, unexpired invitation for that name (``invite``: an admin creates it; only its hash is stored).
-A name that looks like a taken one (same skeleton, ``coordinator.confusables``: Cyrillic U+0430 for
-Latin "a") is taken; a team name that looks like an existing team's names that team. A disabled account
+A name that looks like a taken one (same skeleton, ``coordinator.accounts.confusables``: Cyrillic U+0430
+for Latin "a") is taken; a team name that looks like an existing team's names that team. A disabled account
 is refused by every authenticated call (``require_enabled``).
 An account binds hosts (peer keys) by showing the host key's signature of ``bind_message(account id)``
 (engine/wire/statements.py), so nobody can bind a key they do not hold, and a key holder's proof binds
@@ -45,9 +45,9 @@ from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 from engine.wire.statements import bind_message
 
+from ..credit.ledger import in_list
+from ..db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Invite, Team
 from .confusables import skeleton
-from .db.models import NAME_MAX, ROLES, Account, AllowlistEntry, Host, Invite, Team
-from .ledger import in_list
 
 INVITE_BYTES = 18  # 24 URL-safe characters
 MAX_INVITE_TTL_S = 366 * 86400.0

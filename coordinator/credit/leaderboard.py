@@ -24,7 +24,7 @@ from typing import Any, Literal
 from sqlalchemy import ColumnElement, Table, case, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .db.models import Account, CreditDay, Host, Team
+from ..db.models import Account, CreditDay, Host, Team
 from .ledger import DAY_S, HALF_LIFE_S, decay, in_list, rac_per_day
 
 Kind = Literal["users", "teams", "hosts"]

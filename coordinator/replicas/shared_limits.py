@@ -24,7 +24,7 @@ from typing import Protocol
 from sqlalchemy import Float, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .ratelimit import RateLimiter
+from ..ratelimit import RateLimiter
 
 
 class Buckets(Protocol):

@@ -37,15 +37,13 @@ from typing import Any, TypeVar
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .accounts import AccountView
-from .api_accounts import authenticate
-from .api_accounts import json_errors as account_errors
-from .config import CoordinatorConfig
-from .http import ApiError, json_errors, read_json
+from ..accounts.accounts import AccountView
+from ..config import CoordinatorConfig
+from ..http import ApiError, account_errors, json_errors, read_json, require_trainer
+from ..services import SERVICES
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
-from .ledger import TRAINER_ROLES, ingest
+from .ledger import ingest
 from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
-from .services import SERVICES
 from .spot_checks import SpotCheckRejected, report_spot_check
 
 
@@ -108,15 +106,6 @@ def _deps(request: web.Request) -> LedgerDeps:
     return LedgerDeps.of(services.config, services.sessions, _VERIFIER)
 
 
-async def _trainer(request: web.Request) -> AccountView:
-    """The poster's account: a valid token (401) of an enabled trainer or admin account (403)."""
-    claims, _ = await authenticate(request)
-    account = await request.app[SERVICES].accounts.require_enabled(claims.sub)
-    if account.role not in TRAINER_ROLES:
-        raise ApiError(403, "not_a_trainer", "only trainer accounts post receipts and spot checks")
-    return account
-
-
 async def _charge(request: web.Request, account: AccountView, cost: int) -> None:
     limiter = request.app[SERVICES].receipt_limiter
     wait = await limiter.take(str(account.id), float(max(1, cost)))
@@ -146,7 +135,7 @@ def _int_param(request: web.Request, name: str, default: int) -> int:
 
 @account_errors
 async def post_receipts(request: web.Request) -> web.StreamResponse:
-    account = await _trainer(request)
+    account = await require_trainer(request)
     deps = _deps(request)
     batch = await _read_body(request, ReceiptBatch, MAX_BODY_BYTES)
     await _charge(request, account, len(batch.receipts))
@@ -167,7 +156,7 @@ _SPOT_STATUS = {"bad_signature": 403, "not_a_trainer": 403, "unknown_host": 404,
 
 @account_errors
 async def post_spot_check(request: web.Request) -> web.StreamResponse:
-    account = await _trainer(request)
+    account = await require_trainer(request)
     deps = _deps(request)
     report = await _read_body(request, SpotCheckReport, MAX_REPORT_BYTES)
     await _charge(request, account, 1)

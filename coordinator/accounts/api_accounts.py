@@ -13,7 +13,7 @@
     GET  /api/me                                                  -> 200 {"account", "hosts", "token"}
 
 Authenticated calls take ``Authorization: Bearer <token>``. Bodies are JSON, at most
-``MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
+``coordinator.http.MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
 ``{"error": code, "message": text}`` with 400 (malformed), 401 (no, bad, expired or revoked token),
 403 (``account_disabled`` on every authenticated call of a disabled account, at once), 404, 409
 (name or host taken, or a name that looks like a taken one), 413 (body too large) or 429 (rate
@@ -25,36 +25,20 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any
 
 import msgspec
 from aiohttp import web
 from sqlalchemy import func, select
 
-from . import http
-from .accounts import (
-    AccountError,
-    BadInvite,
-    BadProof,
-    Conflict,
-    Forbidden,
-    InvalidKey,
-    InvalidName,
-    InvalidRole,
-    NotAllowlisted,
-    NotFound,
-)
-from .db.models import Account
-from .http import ApiError, Handler
-from .ledger import decay
-from .services import SERVICES, Services
-from .signaling import HUB_KEY
-from .tokens import MAX_TOKEN_CHARS, Claims, TokenError, is_jti
+from ..credit.ledger import decay
+from ..db.models import Account
+from ..http import ApiError, Text, account_errors, authenticate, read_body
+from ..hub.signaling import HUB_KEY
+from ..services import SERVICES, Services
+from .tokens import is_jti
 
-MAX_BODY_BYTES = 16 * 1024
 MAX_LIST = 1000
-
-Text = Annotated[str, msgspec.Meta(max_length=256)]
 
 
 class RegisterRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -96,71 +80,8 @@ class Empty(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pass
 
 
-_STATUS: list[tuple[type[AccountError], int]] = [
-    (InvalidName, 400),
-    (InvalidRole, 400),
-    (InvalidKey, 400),
-    (BadProof, 403),
-    (Forbidden, 403),
-    (NotAllowlisted, 403),
-    (BadInvite, 403),
-    (NotFound, 404),
-    (Conflict, 409),
-]
-
-
-def _status_of(error: AccountError) -> int:
-    for cls, status in _STATUS:
-        if isinstance(error, cls):
-            return status
-    return 400
-
-
-def _translate(error: Exception) -> ApiError | None:
-    if isinstance(error, TokenError):
-        return ApiError(401, error.code, str(error), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
-    if isinstance(error, AccountError):
-        return ApiError(_status_of(error), error.code, str(error))
-    return None
-
-
-def json_errors(handler: Handler) -> Handler:
-    """ApiError, token and account errors as JSON errors."""
-    return http.json_errors(handler, _translate)
-
-
-T = TypeVar("T")
-
-
-async def read_body(request: web.Request, kind: type[T]) -> T:
-    """The request's JSON body as ``kind``; an empty body counts as ``{}``."""
-    return await http.read_json(request, kind, MAX_BODY_BYTES, empty_as=b"{}")
-
-
 def _services(request: web.Request) -> Services:
     return request.app[SERVICES]
-
-
-def bearer_token(request: web.Request) -> str:
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        raise ApiError(
-            401, "token_required", "send Authorization: Bearer <token>", {"WWW-Authenticate": "Bearer"}
-        )
-    token = token.strip()
-    if len(token) > MAX_TOKEN_CHARS:
-        raise TokenError("token is malformed")
-    return token
-
-
-async def authenticate(request: web.Request) -> tuple[Claims, str]:
-    """The token's claims, for an account that exists and is enabled (else 401 or 403)."""
-    token = bearer_token(request)
-    services = _services(request)
-    claims = await services.tokens.verify(token)
-    await services.accounts.require_enabled(claims.sub)
-    return claims, token
 
 
 def _client_key(request: web.Request) -> str:
@@ -171,7 +92,7 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status)
 
 
-@json_errors
+@account_errors
 async def register(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = _client_key(request)
@@ -188,7 +109,7 @@ async def register(request: web.Request) -> web.StreamResponse:
     return _json({"account": account.to_json(), "token": token, "expires_at": claims.exp}, status=201)
 
 
-@json_errors
+@account_errors
 async def bind_host(request: web.Request) -> web.StreamResponse:
     claims, _ = await authenticate(request)
     body = await read_body(request, BindRequest)
@@ -198,7 +119,7 @@ async def bind_host(request: web.Request) -> web.StreamResponse:
     return _json({"peer_id": peer_id}, status=201 if created else 200)
 
 
-@json_errors
+@account_errors
 async def refresh(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, token = await authenticate(request)
@@ -208,7 +129,7 @@ async def refresh(request: web.Request) -> web.StreamResponse:
     return _json({"token": new, "expires_at": services.tokens.decode(new).exp})
 
 
-@json_errors
+@account_errors
 async def revoke(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)
@@ -224,7 +145,7 @@ async def revoke(request: web.Request) -> web.StreamResponse:
     return _json({"revoked": jti})
 
 
-@json_errors
+@account_errors
 async def set_role(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)
@@ -233,7 +154,7 @@ async def set_role(request: web.Request) -> web.StreamResponse:
     return _json({"account": account.to_json()})
 
 
-@json_errors
+@account_errors
 async def allowlist(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)
@@ -242,7 +163,7 @@ async def allowlist(request: web.Request) -> web.StreamResponse:
     return _json({"added": added, "removed": removed})
 
 
-@json_errors
+@account_errors
 async def invite(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)
@@ -251,7 +172,7 @@ async def invite(request: web.Request) -> web.StreamResponse:
     return _json({"name": body.name, "code": code, "expires_at": expires_at}, status=201)
 
 
-@json_errors
+@account_errors
 async def disable(request: web.Request) -> web.StreamResponse:
     """Disable or re-enable an account; its hosts leave signaling at once (the hub's sweep)."""
     services = _services(request)
@@ -264,7 +185,7 @@ async def disable(request: web.Request) -> web.StreamResponse:
     return _json({"account": account.to_json(), "disabled": account.disabled})
 
 
-@json_errors
+@account_errors
 async def me(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)

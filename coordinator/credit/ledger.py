@@ -28,8 +28,8 @@ from sqlalchemy import ColumnElement, Table, any_, bindparam, func, literal_colu
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from ..db.models import Account, CreditDay, Host, Receipt, SpotCheckFlag, Team
 from . import training
-from .db.models import Account, CreditDay, Host, Receipt, SpotCheckFlag, Team
 from .receipts import (
     ReceiptBatch,
     SignedReceipt,
@@ -441,7 +441,7 @@ async def ingest(
                 )
         result.withheld = len(withheld_ids)
         result.accepted = len(new)
-        # The bound on the trainers' own training samples (coordinator.training).
+        # The bound on the trainers' own training samples (coordinator.credit.training).
         await training.add_receipt_samples(
             session, ((r.trainer_peer_id, r.expert_uid, r.samples, r.backward) for r, _ in new), now
         )

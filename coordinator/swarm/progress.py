@@ -1,11 +1,11 @@
 """Experiments' training progress: trainers' evaluation reports, stored bounded, read per trainer.
 
 A trainer of an experiment posts each evaluation of its model (``POST /api/experiments/{name}/progress``,
-``coordinator.api_progress``): the step, the training tokens so far, the validation loss, its speed, and
-maybe a short sample of generated text. The experiment's page (``coordinator.site.experiments``) draws
-one validation-loss curve per trainer account and shows the newest sample, each named by the account
-that reported it: what one trainer claims is shown as that trainer's, never merged into a figure that
-stands for the experiment.
+``coordinator.swarm.api_progress``): the step, the training tokens so far, the validation loss, its speed, and
+maybe a short sample of generated text. The experiment's page (``coordinator.site.experiments``) draws one
+validation-loss curve per trainer account and shows the newest sample, each named by the account that reported
+it: what one trainer claims is shown as that trainer's, never merged into a figure that stands for the
+experiment.
 
 What is kept stays bounded per (experiment, account), whatever a trainer posts: its rows always grow in
 ``train_tokens`` (a report at or below earlier tokens is a restarted or resumed run, and replaces them),
@@ -27,8 +27,8 @@ import msgspec
 from sqlalchemy import Table, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .config import ExperimentConfig
-from .db.models import Account, ExperimentProgress
+from ..config import ExperimentConfig
+from ..db.models import Account, ExperimentProgress
 
 MAX_BODY_BYTES = 16 * 1024  # a sample of MAX_SAMPLE_BYTES even as JSON's \u escapes, and the numbers
 MAX_SAMPLE_BYTES = 4096  # UTF-8: ~200 tokens of any tokenizer, with room to spare

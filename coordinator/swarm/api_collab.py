@@ -2,7 +2,7 @@
 
 ::
 
-    POST /api/collab/status     StatusReport (coordinator.collab_status; body <= 4 KiB)
+    POST /api/collab/status     StatusReport (coordinator.swarm.collab_status; body <= 4 KiB)
                                 -> 200 {"experiment", "peer_id", "claimed_added"}
     GET  /api/collab            -> 200 {"collaborations": [CollabView, ...]}  (the swarm page's panel)
     GET  /api/collab/trainers?page=N
@@ -31,8 +31,11 @@ from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .api_accounts import json_errors as account_errors
-from .api_ledger import _trainer
+from ..credit.training import trainer_board
+from ..http import ApiError, account_errors, json_errors, read_json, require_trainer
+from ..ratelimit import RateLimiter
+from ..replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
+from ..services import SERVICES
 from .collab_status import (
     MAX_BODY_BYTES,
     CollabStatusError,
@@ -42,11 +45,6 @@ from .collab_status import (
     expire,
     record,
 )
-from .http import ApiError, json_errors, read_json
-from .ratelimit import RateLimiter
-from .services import SERVICES
-from .shared_limits import Buckets, DatabaseBuckets, LocalBuckets
-from .training import trainer_board
 
 REPORTS_PER_MINUTE = 60  # per account: a few trainers reporting every 5 s each, with room to spare
 PER_PAGE = 50
@@ -59,7 +57,7 @@ log = logging.getLogger(__name__)
 
 @account_errors
 async def post_status(request: web.Request) -> web.StreamResponse:
-    account = await _trainer(request)
+    account = await require_trainer(request)
     report = await read_json(request, StatusReport, MAX_BODY_BYTES, invalid_status=422)
     limiter = request.app[REPORT_LIMITER]
     key = str(account.id)

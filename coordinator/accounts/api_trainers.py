@@ -13,8 +13,8 @@ grid and hyperparameters, the target batch size of the collaboration and the den
 (or admin) accounts: 401 without a valid token (``token_required``, ``token_invalid``,
 ``token_expired``, ``token_revoked``), 403 ``not_a_trainer`` for a volunteer's, 403
 ``account_disabled``, 404 ``unknown_experiment``. The login takes a single-use code from the operator's
-grant (:mod:`coordinator.trainers`): 403 ``invite_invalid`` for a wrong, used or expired code or name,
-403 ``forbidden`` for an account that is not a trainer, 429 ``rate_limited`` past the per-address
+grant (:mod:`coordinator.accounts.trainers`): 403 ``invite_invalid`` for a wrong, used or expired code or
+name, 403 ``forbidden`` for an account that is not a trainer, 429 ``rate_limited`` past the per-address
 budget registrations have (``register_per_ip_per_minute``). Errors are the shared JSON shape
 (``coordinator.http``).
 """
@@ -27,12 +27,11 @@ from typing import Annotated, Any
 import msgspec
 from aiohttp import web
 
+from ..config import ExperimentConfig
+from ..credit.ledger import TRAINER_ROLES
+from ..http import ApiError, Text, account_errors, authenticate, read_body
+from ..services import SERVICES, Services
 from .accounts import AccountView
-from .api_accounts import Text, authenticate, json_errors, read_body
-from .config import ExperimentConfig
-from .http import ApiError
-from .ledger import TRAINER_ROLES
-from .services import SERVICES, Services
 from .trainers import grant_trainer, redeem_login_code
 
 
@@ -72,14 +71,14 @@ def summary(experiment: ExperimentConfig) -> dict[str, Any]:
     }
 
 
-@json_errors
+@account_errors
 async def list_experiments(request: web.Request) -> web.StreamResponse:
     await _trainer(request)
     experiments = _services(request).config.experiments
     return web.json_response({"experiments": [summary(e) for e in experiments]})
 
 
-@json_errors
+@account_errors
 async def get_experiment(request: web.Request) -> web.StreamResponse:
     await _trainer(request)
     name = request.match_info["name"]
@@ -89,7 +88,7 @@ async def get_experiment(request: web.Request) -> web.StreamResponse:
     raise ApiError(404, "unknown_experiment", f"this coordinator runs no experiment called {name[:64]!r}")
 
 
-@json_errors
+@account_errors
 async def login(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     key = services.client_address(request)
@@ -105,7 +104,7 @@ async def login(request: web.Request) -> web.StreamResponse:
     )
 
 
-@json_errors
+@account_errors
 async def grant(request: web.Request) -> web.StreamResponse:
     services = _services(request)
     claims, _ = await authenticate(request)

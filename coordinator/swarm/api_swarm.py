@@ -28,13 +28,12 @@ from sqlalchemy import select, update
 
 from engine.wire.statements import assignment_signed_bytes
 
-from .api_accounts import authenticate, json_errors, read_body
+from ..config import ExperimentConfig
+from ..db.models import Host
+from ..http import ApiError, account_errors, authenticate, read_body
+from ..hub.signaling import HUB_KEY
+from ..services import SERVICES
 from .assignment import Capacity, assign_host
-from .config import ExperimentConfig
-from .db.models import Host
-from .http import ApiError
-from .services import SERVICES
-from .signaling import HUB_KEY
 
 # The largest memory one device of a volunteer's machine plausibly offers: big servers' RAM, the
 # largest accelerators (a node uses one device), Apple's largest unified memory.
@@ -59,7 +58,7 @@ def expert_spec(experiment: ExperimentConfig) -> dict[str, Any]:
     return spec
 
 
-@json_errors
+@account_errors
 async def assignment(request: web.Request) -> web.StreamResponse:
     services = request.app[SERVICES]
     claims, _ = await authenticate(request)
@@ -127,7 +126,7 @@ class EnergyBody(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 MAX_KWH_PER_REPORT = 10.0  # a busy 1 kW machine reporting every few minutes stays far below this
 
 
-@json_errors
+@account_errors
 async def energy(request: web.Request) -> web.StreamResponse:
     """A host adds the energy its node estimates it spent on contributed work since its last report."""
     services = request.app[SERVICES]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from sqlalchemy import delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from .config import ExperimentConfig
-from .db.models import Assignment
+from ..config import ExperimentConfig
+from ..db.models import Assignment
 
 #: Bytes an expert takes on a host per parameter: weights, gradients and Adam's two moments in float32.
 BYTES_PER_PARAM = 16

@@ -1,0 +1,25 @@
+"""What volunteers earn: signed receipts checked in batches, the credit ledger, spot checks, trainers'
+training samples, leaderboards, and the credit's JSON API.
+
+Modules, bottom up (each imports only those above it in this list):
+
+- ``receipts``: receipts and spot-check reports on the coordinator's side: batch limits, signature
+  checks with a key cache, a pool of spawned processes for big batches.
+- ``training``: trainers' own training samples, a credit kind of its own (never added to credit),
+  bounded by the forward samples of their accepted receipts.
+- ``ledger``: receipts in, credit on hosts, accounts, teams and days out (decayed recent credit, the
+  daily rows), in one transaction per batch; ``TRAINER_ROLES``, who posts receipts.
+- ``spot_checks``: failed spot checks: the host flagged, its receipts' credit in the period withheld
+  and taken back; on ``ledger``'s locking and credit plan.
+- ``leaderboard``: top users, teams and hosts by total or recent credit, contributors' histories,
+  the swarm's totals.
+- ``api_ledger``: the JSON API: receipts and spot-check reports in (from trainer accounts, rate
+  limited per account), leaderboards and histories out.
+
+All but ``api_ledger`` sit below :mod:`coordinator.services` and need no HTTP; ``api_ledger`` sits
+above it and above :mod:`coordinator.http`, like every JSON API of the coordinator. The site's pages
+(:mod:`coordinator.site`) read ``ledger`` and ``leaderboard`` too.
+
+May import: coordinator.accounts.accounts, coordinator.config, coordinator.db, coordinator.http,
+    coordinator.services, engine.p2p.identity, engine.wire.statements
+"""

@@ -30,6 +30,7 @@ from engine.node import (
     NodeError,
     NodeHome,
     Volunteer,
+    VolunteerConfig,
 )
 from engine.p2p import Identity, LinkConfig
 from engine.p2p.ice_stats import format_transport
@@ -177,7 +178,7 @@ async def _run_locked(
             team=team,
             invite=invite,
             sensors=sensors,
-            link_config=link_config,
+            config=VolunteerConfig(link=link_config),
         )
 
     volunteer = make_volunteer(settings)

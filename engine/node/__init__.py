@@ -1,11 +1,11 @@
 """The volunteer node: joins the coordinator, hosts assigned experts, and yields the machine on demand.
 
-Layers, bottom up (each imports only those below it, but for status, which names the Volunteer for types
-only; plus ``engine.p2p``, ``engine.dht``, ``engine.moe``, ``engine.resources``, ``engine.wire`` (the
-bytes a host binding signs, the gate's messages) and ``engine.files``; never Qt, ``app/`` or
-``coordinator/``)::
+Layers, bottom up (each imports only those below it; plus ``engine.p2p``, ``engine.dht``, ``engine.moe``,
+``engine.resources``, ``engine.wire`` (the bytes a host binding signs, the gate's messages) and
+``engine.files``; never Qt, ``app/`` or ``coordinator/``)::
 
     errors           the exception tree below
+    config           VolunteerConfig: a node's timeouts and periods, its links' and governor's options
     tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
     coordinator_api  the coordinator's HTTP API, the engine's one client of it (accounts, host binding,
                      token refresh, assignment with its proofs, energy; the trainer's receipts,
@@ -19,7 +19,7 @@ bytes a host binding signs, the gate's messages) and ``engine.files``; never Qt,
     home             NodeHome: where one node keeps its lock, settings, identity, token and log
                      (today's per-user folders, or everything in ``--data-dir``)
     participation    assigned / reachable / chosen: why a node got no work, in plain words
-    status           the status dict (keys documented there)
+    status           the status dict (keys documented there), from what it reads of a node
     volunteer        Volunteer: start/stop, upkeep (re-assign, re-declare, re-bootstrap), WorkHooks
     join             join_local(): fresh identity + account + start, for local swarms and demos
 
@@ -57,9 +57,11 @@ _LAZY = {
     "STATUS_KEYS": "status",
     "build_status": "status",
     "Volunteer": "volunteer",
+    "VolunteerConfig": "config",
 }
 
 if TYPE_CHECKING:
+    from .config import VolunteerConfig
     from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
     from .gate import UNAVAILABLE, WorkGate
     from .hosting import Hosting
@@ -94,6 +96,7 @@ __all__ = [
     "NodeHome",
     "TokenStore",
     "Volunteer",
+    "VolunteerConfig",
     "WorkGate",
     "build_status",
     "join_local",

@@ -31,11 +31,12 @@ from engine.dht import AssignmentProof, Declarer, DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import default_device
 from engine.moe.batching import DutyCycle
-from engine.p2p import Handlers, Identity, LinkConfig, P2PError, Peer
+from engine.p2p import Handlers, Identity, P2PError, Peer
 from engine.p2p.signaling import signaling_url_of
 from engine.resources import Decision, EnergyMeter, Governor, SensorSource, Settings
 from engine.resources.limits import cpu_pause_after
 
+from .config import VolunteerConfig
 from .coordinator_api import Assignment, CoordinatorApi
 from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
 from .gate import WorkGate
@@ -63,19 +64,10 @@ class Volunteer:
         team: str | None = None,
         invite: str | None = None,
         sensors: SensorSource | None = None,
-        governor_options: dict[str, Any] | None = None,
-        link_config: LinkConfig | None = None,
-        start_timeout: float = 60.0,
-        retry_s: float = 2.0,
-        http_timeout: float = 15.0,
-        declare_ttl: float = 60.0,
-        declare_period: float = 20.0,
-        checkpoint_interval_s: float = 300.0,
-        upkeep_interval: float = 1.0,
-        drain_timeout: float = 5.0,
-        refresh_margin_s: float = 600.0,
+        config: VolunteerConfig | None = None,
     ) -> None:
         self.identity = identity
+        self.config = config if config is not None else VolunteerConfig()
         self.coordinator_url = coordinator_url.rstrip("/")
         self.token_store = token_store
         self.settings = settings
@@ -87,16 +79,9 @@ class Volunteer:
         # With sensors, a Governor decides when this node works; the node is its WorkHooks.
         self.governor: Governor | None = None
         if sensors is not None:
-            options = {"energy": EnergyMeter(), **(governor_options or {})}
+            options = {"energy": EnergyMeter(), **self.config.governor_options}
             self.governor = Governor(settings, sensors, self, **options)
-        self.start_timeout = start_timeout
-        self.retry_s = retry_s
-        self.declare_ttl = declare_ttl
-        self.declare_period = declare_period
-        self.upkeep_interval = upkeep_interval
-        self.drain_timeout = drain_timeout
-        self.refresh_margin_s = refresh_margin_s
-        self.api = CoordinatorApi(self.coordinator_url, timeout=http_timeout)
+        self.api = CoordinatorApi(self.coordinator_url, timeout=self.config.http_timeout)
         self.handlers = Handlers()
         self.gate = WorkGate()
         # The volunteer's CPU cap: after each batch, rest long enough that our share stays under it.
@@ -110,14 +95,14 @@ class Volunteer:
             self.gate,
             self.data_dir,
             self.device,
-            checkpoint_interval_s=checkpoint_interval_s,
+            checkpoint_interval_s=self.config.checkpoint_interval_s,
             duty=duty,
         )
         self._peer = Peer(
             identity,
             signaling_url_of(self.coordinator_url),
             handlers=self.handlers,
-            config=link_config or LinkConfig(connect_timeout=15),
+            config=self.config.link,
             token_provider=self._token,
         )
         self.credentials: Credentials | None = None
@@ -168,7 +153,7 @@ class Volunteer:
     # -- lifecycle --------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        deadline = time.monotonic() + self.start_timeout
+        deadline = time.monotonic() + self.config.start_timeout
         self.credentials = await self._retrying(self._ensure_account, deadline)
         await self._retrying(self._bind, deadline)
         await self._retrying(self._join_signaling, deadline)
@@ -181,8 +166,8 @@ class Volunteer:
         self.declarer = Declarer(
             self.dht,
             self.hosted_uids,
-            ttl=self.declare_ttl,
-            period=self.declare_period,
+            ttl=self.config.declare_ttl,
+            period=self.config.declare_period,
             proofs=_proofs(assignment),
         )
         if self._working:
@@ -207,7 +192,7 @@ class Volunteer:
                 await asyncio.gather(task, return_exceptions=True)
         if self.declarer is not None:
             await self.declarer.stop()
-        await self.gate.drain(self.drain_timeout)
+        await self.gate.drain(self.config.drain_timeout)
         await self.hosting.close()
         if self.dht is not None:
             await self.dht.stop()
@@ -228,7 +213,7 @@ class Volunteer:
         self._working = False
         if self.declarer is not None:
             await self.declarer.stop()
-        await self.gate.drain(self.drain_timeout)
+        await self.gate.drain(self.config.drain_timeout)
         await self.hosting.release_memory()
 
     async def on_resume_work(self, decision: Decision) -> None:
@@ -256,7 +241,7 @@ class Volunteer:
                         f"could not reach the coordinator at {self.coordinator_url} "
                         f"after {self.attempts} attempts: {e}"
                     ) from e
-                await asyncio.sleep(min(self.retry_s, left))
+                await asyncio.sleep(min(self.config.retry_s, left))
 
     async def _ensure_account(self) -> Credentials:
         stored = self.token_store.get(self.token_key)
@@ -266,7 +251,7 @@ class Volunteer:
             creds = await self.api.register(name, self.team, self.invite)
             self.token_store.set(self.token_key, creds.dumps())
             logger.info("registered account %s (id %d)", name, creds.account_id)
-        elif creds.expires_at - time.time() < self.refresh_margin_s:
+        elif creds.expires_at - time.time() < self.config.refresh_margin_s:
             creds = await self.api.refresh(creds)
             self.token_store.set(self.token_key, creds.dumps())
         return creds
@@ -283,7 +268,7 @@ class Volunteer:
         creds = self.credentials
         if creds is None:
             return None
-        if creds.expires_at - time.time() < self.refresh_margin_s:
+        if creds.expires_at - time.time() < self.config.refresh_margin_s:
             try:
                 creds = await self.api.refresh(creds)
             except NodeError as e:
@@ -316,7 +301,7 @@ class Volunteer:
 
     async def _run_upkeep(self) -> None:
         while True:
-            await asyncio.sleep(self.upkeep_interval)
+            await asyncio.sleep(self.config.upkeep_interval)
             try:
                 await self._upkeep_once()
             except (NodeError, DHTError, P2PError, TimeoutError, OSError) as e:

@@ -14,7 +14,14 @@ import torch
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig
 from engine.control import ControlClient, ControlError, ControlServer, NodeControl
-from engine.node import UNAVAILABLE, CoordinatorUnreachable, MemoryTokenStore, Volunteer, join_local
+from engine.node import (
+    UNAVAILABLE,
+    CoordinatorUnreachable,
+    MemoryTokenStore,
+    Volunteer,
+    VolunteerConfig,
+    join_local,
+)
 from engine.p2p import Identity, Peer, RemoteError
 from engine.resources import IdleReading, Readings, Settings, TokenBucket, load_settings
 from tests.integration.test_node_swarm import EXP, SETTINGS, full_coordinator, trainer_peer
@@ -134,8 +141,7 @@ async def test_unreachable_coordinator_is_retried_then_reported(tmp_path: Path) 
         MemoryTokenStore(),
         SETTINGS,
         tmp_path,
-        start_timeout=1.0,
-        retry_s=0.2,
+        config=VolunteerConfig(start_timeout=1.0, retry_s=0.2),
     )
     with pytest.raises(CoordinatorUnreachable, match=f"127.0.0.1:{port}"):
         await v.start()
@@ -153,8 +159,7 @@ async def test_coordinator_coming_up_late_is_joined(tmp_path: Path) -> None:
         SETTINGS,
         tmp_path / "v",
         account_name="Late",
-        start_timeout=30.0,
-        retry_s=0.2,
+        config=VolunteerConfig(start_timeout=30.0, retry_s=0.2),
     )
     starting = asyncio.create_task(v.start())
     await asyncio.sleep(0.7)

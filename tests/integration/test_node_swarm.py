@@ -14,7 +14,7 @@ from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from engine.dht import DHTNode, get_experts
 from engine.dht.p2p_transport import PeerTransport
-from engine.node import CoordinatorApi, join_local
+from engine.node import CoordinatorApi, VolunteerConfig, join_local
 from engine.p2p import Identity, LinkConfig, Peer
 from engine.resources import Settings
 
@@ -64,10 +64,18 @@ async def test_two_volunteers_host_declare_and_serve(
     full_coordinator: RunningCoordinator, tmp_path: Path
 ) -> None:
     a = await join_local(
-        full_coordinator.url, "Ada", tmp_path / "a", SETTINGS, declare_period=2, declare_ttl=10
+        full_coordinator.url,
+        "Ada",
+        tmp_path / "a",
+        SETTINGS,
+        config=VolunteerConfig(declare_period=2, declare_ttl=10),
     )
     b = await join_local(
-        full_coordinator.url, "Bob", tmp_path / "b", SETTINGS, declare_period=2, declare_ttl=10
+        full_coordinator.url,
+        "Bob",
+        tmp_path / "b",
+        SETTINGS,
+        config=VolunteerConfig(declare_period=2, declare_ttl=10),
     )
     try:
         assert a.hosted_uids and b.hosted_uids

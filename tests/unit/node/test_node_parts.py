@@ -163,10 +163,11 @@ def test_status_model_before_start(tmp_path: Path) -> None:
 async def test_an_unforeseen_upkeep_failure_is_said_and_the_upkeep_goes_on() -> None:
     """Before, any error but the expected kinds ended the upkeep task silently: no more re-assignment,
     re-declaration or credit for the rest of the run."""
+    from engine.node.config import VolunteerConfig
     from engine.node.volunteer import Volunteer
 
     volunteer = Volunteer.__new__(Volunteer)  # only the upkeep loop and its error list
-    volunteer.upkeep_interval = 0.0
+    volunteer.config = VolunteerConfig(upkeep_interval=0.0)
     volunteer.errors = deque(maxlen=20)
     calls: list[int] = []
 

@@ -6,8 +6,10 @@
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator
-    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), TrainerNode (the swarm side);
-                         with target_batch_size, the dense part steps with other trainers (engine.collab)
+    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), the remote and local models
+    node.py              TrainerNode, the swarm side: account, Peer, DHT client, finder, receipts, spot
+                         checks; with target_batch_size, the dense part steps with other trainers
+                         (engine.collab)
     lm.py                the language model (engine.lm) with one remote mixture per block, and its local twin
                          (imported as engine.trainer.lm: the digits trainer does not load engine.lm)
 
@@ -19,12 +21,12 @@ May import: engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engin
 """
 
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split
+from .node import TrainerNode
 from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
 from .spot_check import SpotChecker
 from .trainer import (
     Trainer,
     TrainerConfig,
-    TrainerNode,
     TrainStats,
     dense_digest,
     local_model,

@@ -21,7 +21,8 @@ from engine.moe import LoopThread, RemoteMixtureOfExperts
 from engine.moe.local import LocalMixtureOfExperts
 from engine.moe.mixture import CallRecord, ExpertFinder
 
-from .trainer import TrainerConfig, TrainerNode, remote_mixture
+from .node import TrainerNode
+from .trainer import TrainerConfig, remote_mixture
 
 __all__ = ["call_counters", "layer_config", "local_lm", "mixtures", "remote_lm", "trainer_threads"]
 

@@ -1,8 +1,7 @@
 """Decentralized mixture-of-experts: hosting experts and calling them over the p2p transport.
 
-Layers, bottom up (each imports only those below it, but for fused, which names backend's class for
-types only; besides engine.p2p and engine.wire, checkpoint uses engine.files and dht_finder engine.dht;
-nothing here imports Qt, app/ or coordinator/)::
+Layers, bottom up (each imports only those below it; besides engine.p2p and engine.wire, checkpoint
+uses engine.files and dht_finder engine.dht; nothing here imports Qt, app/ or coordinator/)::
 
     errors.py        the exception tree below
     registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
@@ -26,6 +25,8 @@ nothing here imports Qt, app/ or coordinator/)::
                      spec, one taken per expert (most update steps); expert_hosts: a grid's hosts
     dht_finder.py    DHTExpertFinder: beam search over DHT prefix lookups (engine.dht), TTL cache,
                      assigned hosts only where the coordinator's key is known
+    layer_calls.py   ExpertCalls: one layer's requests to its chosen experts, one per host, k_min + grace;
+                     CallRecord, what the layer's observer is told of each
     mixture.py       RemoteMixtureOfExperts: grid gating, k calls, k_min + grace, renormalised softmax;
                      ExpertFinder protocol + StaticExpertFinder
     local.py         LocalMixtureOfExperts: the same gating with every expert in process (the baseline)

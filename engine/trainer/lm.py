@@ -18,8 +18,9 @@ import torch
 
 from engine.lm import CallCounters, LanguageModel, LmConfig, grid_name
 from engine.moe import LoopThread, RemoteMixtureOfExperts
+from engine.moe.layer_calls import CallRecord
 from engine.moe.local import LocalMixtureOfExperts
-from engine.moe.mixture import CallRecord, ExpertFinder
+from engine.moe.mixture import ExpertFinder
 
 from .node import TrainerNode
 from .trainer import TrainerConfig, remote_mixture

@@ -27,7 +27,7 @@ from engine.dht import DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import LoopThread, RemoteExpert
 from engine.moe.dht_finder import DHTExpertFinder
-from engine.moe.mixture import CallRecord
+from engine.moe.layer_calls import CallRecord
 from engine.node.coordinator_api import CoordinatorApi
 from engine.node.tokens import Credentials
 from engine.p2p import Identity, LinkConfig, Peer

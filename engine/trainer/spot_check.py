@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from engine.moe.mixture import CallRecord
+from engine.moe.layer_calls import CallRecord
 from engine.wire import all_finite
 
 __all__ = ["SpotCheckStats", "SpotChecker", "mismatch"]

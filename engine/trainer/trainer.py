@@ -29,7 +29,8 @@ from tqdm import tqdm
 from engine.collab import CollabError, CollaborativeOptimizer
 from engine.dht import DHTError
 from engine.moe import ExpertCallFailed, LoopThread, NotEnoughExperts, RemoteMixtureOfExperts
-from engine.moe.mixture import CallRecord, ExpertFinder
+from engine.moe.layer_calls import CallRecord
+from engine.moe.mixture import ExpertFinder
 from engine.moe.registry import ExpertSpec
 from engine.p2p import Peer
 

@@ -24,7 +24,7 @@ from engine.moe import (
     StaticExpertFinder,
     build,
 )
-from engine.moe.mixture import CallRecord
+from engine.moe.layer_calls import CallRecord
 from engine.p2p import CallContext, Handlers, RemoteError
 from engine.wire import Compression, Kind, Message
 from tests.unit.moe.test_server_client import FakePeer

@@ -128,7 +128,7 @@ def one_by_one(running: Any) -> None:
 
 
 async def seed(schema: str, peers: int, key_path: str) -> tuple[list[Identity], list[str]]:
-    from coordinator_load import COLUMNS, rows_for
+    from load_rows import COLUMNS, rows_for
 
     from coordinator.migrations import migrate
 

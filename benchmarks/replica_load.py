@@ -40,6 +40,7 @@ import aiohttp
 import asyncpg
 import msgspec
 from figures import description, log, p99
+from load_rows import COLUMNS, rows_for
 
 from coordinator.accounts.tokens import TokenAuthority, load_signing_key
 from coordinator.credit.receipts import ReceiptBatch, sign_receipt
@@ -184,8 +185,6 @@ async def seed(
 ) -> tuple[list[Identity], list[str]]:
     """Bulk-load the ledger and one account (with a bound host) per signaling peer; returns those
     identities (the first is also the receipts' trainer) and tokens for them."""
-    from coordinator_load import COLUMNS, rows_for
-
     identities = [Identity.generate() for _ in range(peers + 1)]
     t0 = time.perf_counter()
     data = rows_for(accounts + peers + 1, receipts, identities)

@@ -269,7 +269,7 @@ async def _migrate(url: str) -> None:
 
 
 def check_coordinator() -> str:
-    from coordinator.site.routes import STATIC_DIR, TEMPLATES_DIR, make_env
+    from coordinator.site.render import STATIC_DIR, TEMPLATES_DIR, make_env
     from engine.p2p import eventloop
 
     with tempfile.TemporaryDirectory(prefix="lah-selftest-") as tmp:

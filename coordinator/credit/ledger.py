@@ -160,7 +160,7 @@ class _Delta:
 
 
 @dataclass
-class _Plan:
+class CreditPlan:
     """Credit to add (or, negative, to take back) per host, and per host per day."""
 
     hosts: dict[str, _Delta] = field(default_factory=lambda: defaultdict(_Delta))
@@ -174,7 +174,7 @@ class _Plan:
         self.days[(host, day)] += total
 
 
-async def _lock_hosts(session: AsyncSession, host_ids: Sequence[str]) -> list[Any]:
+async def lock_hosts(session: AsyncSession, host_ids: Sequence[str]) -> list[Any]:
     """The hosts' credit rows, locked (PostgreSQL: FOR NO KEY UPDATE, in key order; SQLite: the caller
     has written already, so it holds the database's write lock).
 
@@ -192,8 +192,8 @@ async def _lock_hosts(session: AsyncSession, host_ids: Sequence[str]) -> list[An
     return list((await session.execute(q)).all())
 
 
-async def _apply(session: AsyncSession, plan: _Plan, now: float, host_rows: Sequence[Any]) -> None:
-    """Add the plan's credit to hosts (``host_rows`` from ``_lock_hosts``), their accounts and teams,
+async def apply_plan(session: AsyncSession, plan: CreditPlan, now: float, host_rows: Sequence[Any]) -> None:
+    """Add the plan's credit to hosts (``host_rows`` from ``lock_hosts``), their accounts and teams,
     and the day rollups."""
     if not plan.hosts:
         return
@@ -420,12 +420,12 @@ async def ingest(
             return result
 
         # 4. Spot-check flags, read under the write lock (SQLite) / after locking the hosts (PostgreSQL,
-        # in ``_lock_hosts``): a report that lands concurrently is either seen here or sees our receipts.
+        # in ``lock_hosts``): a report that lands concurrently is either seen here or sees our receipts.
         host_ids = sorted({r.host_peer_id for r, _ in new})
-        host_rows = await _lock_hosts(session, host_ids)
+        host_rows = await lock_hosts(session, host_ids)
         flags = await _flags(session, host_ids)
         withheld_ids: list[str] = []
-        plan = _Plan()
+        plan = CreditPlan()
         for r, credit in new:
             if _covered(flags.get(r.host_peer_id, ()), r.served_at):
                 withheld_ids.append(r.receipt_id)
@@ -447,7 +447,7 @@ async def ingest(
         )
 
         # 5. Credit, summed per subject.
-        await _apply(session, plan, now, host_rows)
+        await apply_plan(session, plan, now, host_rows)
     return result
 
 

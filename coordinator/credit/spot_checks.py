@@ -12,21 +12,22 @@ from dataclasses import dataclass
 from sqlalchemy import Table, and_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ..db.models import SpotCheckFlag
+from ..db.models import Account, Host, Receipt, SpotCheckFlag
 from .ledger import (
-    _ACCOUNTS,
-    _HOSTS,
-    _RECEIPTS,
     MAX_SKEW_S,
     MAX_SPOT_PERIOD_S,
     TRAINER_ROLES,
-    _apply,
-    _lock_hosts,
-    _Plan,
+    CreditPlan,
+    apply_plan,
     day_of,
     decay,
+    lock_hosts,
 )
 from .receipts import ReceiptError, SpotCheckReport, verify_spot_check
+
+_RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
+_HOSTS: Table = Host.__table__  # type: ignore[assignment]
+_ACCOUNTS: Table = Account.__table__  # type: ignore[assignment]
 
 
 @dataclass
@@ -80,7 +81,7 @@ async def report_spot_check(
         await session.execute(
             update(_HOSTS).where(_HOSTS.c.peer_id == report.host_peer_id).values(flagged=True)
         )
-        host_rows = await _lock_hosts(session, [report.host_peer_id])
+        host_rows = await lock_hosts(session, [report.host_peer_id])
         existing = (
             await session.execute(
                 select(flags.c.id).where(
@@ -127,13 +128,13 @@ async def report_spot_check(
         # Take back the total, and what is left of each grant in the recent credit: it was added in
         # full when the receipt was ingested (credited_at) and has decayed since. Receipts stored
         # before credited_at existed fall back to served_at, the closest time known.
-        plan = _Plan()
+        plan = CreditPlan()
         reversed_credit = 0.0
         for served_at, credit, credited_at in granted:
             granted_at = served_at if credited_at is None else credited_at
             plan.add(report.host_peer_id, -credit, -decay(credit, granted_at, now), -1, day_of(served_at))
             reversed_credit += credit
-        await _apply(session, plan, now, host_rows)
+        await apply_plan(session, plan, now, host_rows)
         return SpotCheckResult(
             flag_id=flag_id, withheld_receipts=len(granted), reversed_credit=reversed_credit
         )

@@ -8,26 +8,28 @@ Layers, bottom up (each imports only those above it in this list):
   milestones, find-my-rank positions).
 - ``chart``: charts as inline SVG drawn on the server: credit over time (with its one-sentence
   summary), and lines over a numeric axis (an experiment's validation loss per trainer).
+- ``params``: query and path parameters checked before anything reads them (``BadParam``,
+  ``int_param``, ``choice_param``, the leaderboard's and a contributor's); ``render``: the site's
+  context on the app (``SITE``), the Jinja2 environment (autoescaping on) and its filters, rendered and
+  gzipped pages, the error page and JSON, each with the security headers. What every handler shares.
 - ``collab``: collaborative training's panel on ``/swarm``, the Trainers tab
   (``/leaderboard?kind=trainers``) and trainers' training samples, through ``coordinator.swarm.collab_status``
-  and ``coordinator.credit.training``; it uses ``routes``' helpers, which import it inside their handlers.
+  and ``coordinator.credit.training``.
 - ``experiments``: ``/experiments`` and ``/experiments/{name}`` (each trainer's validation-loss curve,
   the newest generated sample as text, the model's shape and the hosts serving each grid now, through
-  ``coordinator.swarm.progress``) and their JSON twins ``/api/site/experiments[/{name}]``; it uses ``routes``'
-  helpers, which import it inside ``setup_routes``.
-- ``routes``: ``setup_routes(app, ...)`` adds ``/``, ``/leaderboard`` (``range=`` day/week/month),
-  ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm``, ``/static/``, through ``experiments`` the
-  experiments' pages, and, through ``pages``,
-  ``/search``, ``/rank``, ``/teams/{id}``, ``/hosts/{peer_id}``, ``/exports`` and ``/exports/{file}``;
-  it validates every parameter (bad ones get a 400 page), renders Jinja2 templates with autoescaping
-  on, gzips pages, caches versioned static files, and answers unknown addresses and failures with the
-  site's own 404 and 500 pages (``/api/`` and ``/ws/`` keep theirs).
+  ``coordinator.swarm.progress``) and their JSON twins ``/api/site/experiments[/{name}]``.
 - ``pages``: the handlers for finding people and data (search, find-my-rank, team and host pages, the
-  exports' listing); it uses ``routes``' helpers, which import it inside ``setup_routes``.
+  exports' listing).
+- ``routes``: ``setup_routes(app, ...)`` mounts it all: ``/``, ``/leaderboard`` (``range=``
+  day/week/month), ``/contributors/{id}``, ``/swarm``, ``/api/site/swarm`` (its own handlers),
+  ``/static/``, the experiments' pages, and, through ``pages``, ``/search``, ``/rank``, ``/teams/{id}``,
+  ``/hosts/{peer_id}``, ``/exports`` and ``/exports/{file}``; bad parameters get a 400 page, versioned
+  static files are cached, and unknown addresses and failures get the site's own 404 and 500 pages
+  (``/api/`` and ``/ws/`` keep theirs).
 - ``jobs``: ``start_jobs(app, ...)``: the periodic range refresh and daily dump on the app's loop.
 - ``templates/``, ``static/``: the layout and one stylesheet; nothing is loaded from elsewhere.
 
-Leaderboard and contributor JSON live in ``coordinator.credit.api_ledger``. Errors: ``routes.BadParam`` and
+Leaderboard and contributor JSON live in ``coordinator.credit.api_ledger``. Errors: ``params.BadParam`` and
 ``search.SearchError`` (both ``ValueError``: a 400 page); ``exports.ExportError`` (``OSError``: a dump
 not written, the previous one still served).
 

@@ -1,7 +1,7 @@
 """The site's part of collaborative training: the swarm page's collaboration panel, the leaderboard's
 Trainers tab (``/leaderboard?kind=trainers``) and the training-samples tile of a trainer's contributor
 page, read through ``coordinator.swarm.collab_status`` and ``coordinator.credit.training``. ``routes``
-imports it inside its handlers (this module uses ``routes``' helpers)."""
+calls its handlers; it renders with ``render`` and checks parameters with ``params``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from aiohttp import web
 
 from ..credit.training import account_training_samples, trainer_board
 from ..swarm.collab_status import OUTCOME_LABELS, CollabView, collaborations
-from .routes import SITE, BadParam, _int, error_page, render
+from .params import BadParam, int_param
+from .render import SITE, error_page, render
 
 MAX_PAGE = 400
 #: The badge class of each round outcome (the word is always shown; the colour only repeats it).
@@ -38,7 +39,7 @@ async def trainers_page(request: web.Request) -> web.Response:
                 "the Trainers tab ranks by training samples of all time: leave out "
                 + ", ".join(sorted(extra))
             )
-        page = _int(request.query.get("page", "1"), "page", 1, MAX_PAGE)
+        page = int_param(request.query.get("page", "1"), "page", 1, MAX_PAGE)
     except BadParam as e:
         return error_page(request, 400, str(e))
     board = await trainer_board(ctx.get_sessions(request.app), page, ctx.per_page)

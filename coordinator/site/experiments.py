@@ -5,7 +5,7 @@ and their JSON twins under ``/api/site/experiments``.
 Training progress is what trainer accounts report (``coordinator.swarm.progress``): each curve is drawn as
 its trainer's and named so, and the sample says whose model wrote it; no figure of one trainer is shown
 as the experiment's. A sample is text from the network: the template escapes it like any name.
-``routes.setup_routes`` adds these handlers; they use ``routes``' helpers.
+``routes.setup_routes`` adds these handlers; they render with ``render``'s helpers.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ..db.models import Assignment
 from ..swarm.assignment import expert_uids
 from ..swarm.progress import Progress, TrainerCurve, experiment_progress, latest_reports
 from .chart import SERIES_STYLES, LinePoint, line_chart, short_number
-from .routes import SECURITY_HEADERS, SITE, error_json, error_page, render
+from .render import SECURITY_HEADERS, SITE, error_json, error_page, render
 
 
 @dataclass(frozen=True)

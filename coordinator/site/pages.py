@@ -1,6 +1,7 @@
 """Handlers for finding people and data: search, find-my-rank, team and host pages, exports.
 
-They share ``routes``' helpers (parameters, rendering, error pages); ``routes.setup_routes`` adds them.
+They check parameters with ``params`` and answer through ``render`` (pages, error pages);
+``routes.setup_routes`` adds them.
 """
 
 from __future__ import annotations
@@ -12,16 +13,9 @@ from aiohttp import web
 from ..credit.leaderboard import MAX_DEPTH
 from . import exports, ranges, rank, search, subjects
 from .chart import chart_context
+from .params import BadParam, choice_param, int_param
 from .queries import KINDS, SORTS
-from .routes import (
-    SITE,
-    BadParam,
-    _choice,
-    _int,
-    error_page,
-    leaderboard_url,
-    render,
-)
+from .render import SITE, error_page, leaderboard_url, render
 
 PEER_RE = re.compile(r"^[0-9a-f]{40}$")
 MAX_TEAM_ID = 2**31 - 1
@@ -33,8 +27,8 @@ async def search_page(request: web.Request) -> web.Response:
     ctx = request.app[SITE]
     raw = request.query.get("q", "")
     try:
-        scope = _choice(request.query, "in", search.SCOPES, "users")
-        page = _int(request.query.get("page", "1"), "page", 1, search.MAX_PAGE)
+        scope = choice_param(request.query, "in", search.SCOPES, "users")
+        page = int_param(request.query.get("page", "1"), "page", 1, search.MAX_PAGE)
         async with ctx.get_sessions(request.app)() as session:
             results = await search.search(session, raw, scope, page, ctx.per_page)  # type: ignore[arg-type]
     except (BadParam, search.SearchError) as e:
@@ -46,8 +40,8 @@ async def rank_page(request: web.Request) -> web.Response:
     """Find-my-rank: redirect to the leaderboard page holding the name, its row marked."""
     ctx = request.app[SITE]
     try:
-        kind = _choice(request.query, "kind", KINDS, "users")
-        order = _choice(request.query, "order", (*SORTS, *ranges.RANGE_DAYS), "total")
+        kind = choice_param(request.query, "kind", KINDS, "users")
+        order = choice_param(request.query, "order", (*SORTS, *ranges.RANGE_DAYS), "total")
         raw = request.query.get("name", "")
         async with ctx.get_sessions(request.app)() as session:
             found = await rank.resolve(session, kind, raw)
@@ -86,11 +80,11 @@ def _qs(q: dict[str, str]) -> str:
 async def team_page(request: web.Request) -> web.Response:
     ctx = request.app[SITE]
     try:
-        team_id = _int(request.match_info["team_id"], "team id", 1, MAX_TEAM_ID)
+        team_id = int_param(request.match_info["team_id"], "team id", 1, MAX_TEAM_ID)
     except BadParam:
         return error_page(request, 404, "There is no team with this id.")
     try:
-        page = _int(request.query.get("page", "1"), "page", 1, 10_000)
+        page = int_param(request.query.get("page", "1"), "page", 1, 10_000)
     except BadParam as e:
         return error_page(request, 400, str(e))
     info = await subjects.team(ctx.get_sessions(request.app), team_id, ctx.clock(), page, ctx.per_page)

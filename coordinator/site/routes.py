@@ -1,75 +1,53 @@
-"""Handlers for the pages and their JSON twins; see the package docstring for the map."""
+"""Mounts the site on the app (``setup_routes``): the pages' handlers, here and in ``pages``, ``collab``
+and ``experiments``, the static files, and the middleware that answers unknown addresses and failures
+with the site's own pages; see the package docstring for the map."""
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
 
-import jinja2
 from aiohttp import web
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..config import CoordinatorConfig
 from ..credit.leaderboard import MAX_DEPTH, LeaderboardError
 from ..services import SERVICES
-from . import queries, ranges, subjects
-from .chart import chart_context, day_label
-from .queries import KINDS, SORTS, ExperimentCoverage, Kind, Sort
+from . import experiments, pages, queries, subjects
+from .chart import chart_context
+from .collab import collab_panel, panel_context, trainers_page, training_samples
+from .params import BadParam, account_id_param, leaderboard_params
+from .queries import KINDS, ExperimentCoverage
+from .render import (
+    SECURITY_HEADERS,
+    SITE,
+    STATIC_DIR,
+    ConfigGetter,
+    ExportsGetter,
+    OnlineGetter,
+    SessionsGetter,
+    SiteContext,
+    error_page,
+    make_env,
+    render,
+    to_json,
+)
 
-HERE = Path(__file__).parent
-TEMPLATES_DIR = HERE / "templates"
-STATIC_DIR = HERE / "static"
-
-MAX_ACCOUNT_ID = 2**31 - 1
 #: Grids with more cells than this are summarised, not drawn cell by cell.
 MAX_GRID_CELLS = 4096
 ROW_1D = 16  # a one-dimensional grid wraps into rows of this many cells
 
-SessionsGetter = Callable[[web.Application], async_sessionmaker[AsyncSession]]
-ConfigGetter = Callable[[web.Application], CoordinatorConfig]
-OnlineGetter = Callable[[web.Application], Sequence[str] | Awaitable[Sequence[str] | None] | None]
-ExportsGetter = Callable[[web.Application], Path]
 log = logging.getLogger(__name__)
 #: Request lines the server accepts (aiohttp's default is 8190 bytes): long enough that an oversized
 #: search reaches the site and gets its own clear 400 page instead of a bare parser error.
 MAX_REQUEST_LINE = 16 * 1024
 #: Versioned static files (``?v=<hash>``) never change under their URL.
 STATIC_CACHE = "public, max-age=31536000, immutable"
-
-#: No script at all, nothing from elsewhere: the pages need neither.
-SECURITY_HEADERS = {
-    "Content-Security-Policy": (
-        "default-src 'self'; script-src 'none'; object-src 'none'; base-uri 'none'; "
-        "frame-ancestors 'none'; form-action 'self'"
-    ),
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "same-origin",
-}
-
-
-@dataclass(frozen=True)
-class SiteContext:
-    get_sessions: SessionsGetter
-    get_config: ConfigGetter
-    get_online: OnlineGetter | None
-    env: jinja2.Environment
-    per_page: int
-    clock: Callable[[], float]
-    get_exports_dir: ExportsGetter
-
-
-SITE = web.AppKey("site", SiteContext)
-
-
-class BadParam(ValueError):
-    """A query parameter outside what the page accepts: answered with 400, never passed on."""
 
 
 def services_sessions(app: web.Application) -> async_sessionmaker[AsyncSession]:
@@ -126,8 +104,6 @@ def setup_routes(
     The accessors are called per request with the app, so these may be put on the app after this
     (at startup); tests pass their own.
     """
-    from . import experiments, pages  # their handlers use this module's helpers
-
     app[SITE] = SiteContext(
         get_sessions, get_config, get_online, make_env(), per_page, clock, get_exports_dir
     )
@@ -180,159 +156,6 @@ async def _cache_static(request: web.Request, response: web.StreamResponse) -> N
         response.headers["Cache-Control"] = STATIC_CACHE if "v" in request.query else "no-cache"
 
 
-def make_env() -> jinja2.Environment:
-    env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
-        autoescape=True,  # every template, whatever its name: display names are user input
-        undefined=jinja2.StrictUndefined,
-        trim_blocks=True,
-        lstrip_blocks=True,
-    )
-    env.filters["credit"] = format_credit
-    env.filters["compact"] = compact
-    env.filters["day"] = day_label
-    env.filters["short_peer"] = short_peer
-    env.filters["date"] = format_date
-    env.globals["lb_url"] = leaderboard_url
-    env.globals["ago"] = ago
-    env.globals["range_labels"] = ranges.RANGE_LABELS
-    env.globals["ranges"] = ranges.RANGES
-    return env
-
-
-# ---- formatting ----------------------------------------------------------------------------------------
-
-
-def format_credit(v: float) -> str:
-    if v >= 100:
-        return f"{v:,.0f}"
-    return f"{v:,.1f}"
-
-
-def compact(v: float) -> str:
-    """Big counts for the stat tiles: 13,628,885 -> "13.6M"; below a million, all digits."""
-    for limit, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M")):
-        if abs(v) >= limit:
-            return f"{v / limit:.1f}{suffix}"
-    return f"{v:,.0f}"
-
-
-def short_peer(peer_id: str) -> str:
-    return peer_id if len(peer_id) <= 12 else peer_id[:12] + "…"
-
-
-def ago(ts: float, now: float) -> str:
-    if ts <= 0:
-        return "never"
-    s = max(0.0, now - ts)
-    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
-        if s >= size:
-            return f"{int(s // size)} {unit} ago"
-    return "just now"
-
-
-def format_date(value: Any) -> str:
-    """A datetime, or unix time, as "2025-06-15" (UTC); "unknown" for none."""
-    if value is None or value == 0:
-        return "unknown"
-    if isinstance(value, int | float):
-        return time.strftime("%Y-%m-%d", time.gmtime(value))
-    return str(value.strftime("%Y-%m-%d"))
-
-
-def leaderboard_url(kind: str, sort: str, page: int = 1, range: str = "all", mark: str | None = None) -> str:
-    q: dict[str, str | int] = {"kind": kind}
-    if range != "all":
-        q["range"] = range
-    else:
-        q["sort"] = sort
-    if page > 1:
-        q["page"] = page
-    url = "/leaderboard?" + urlencode(q)
-    if mark is not None:
-        url += "#r-" + mark
-    return url
-
-
-# ---- parameters ----------------------------------------------------------------------------------------
-
-
-def _choice(query: Mapping[str, str], name: str, allowed: Sequence[str], default: str) -> str:
-    value = query.get(name, default)
-    if value not in allowed:
-        raise BadParam(f"{name} must be one of: {', '.join(allowed)}")
-    return value
-
-
-def _int(raw: str, name: str, lo: int, hi: int) -> int:
-    # isdigit alone accepts other scripts' digits and superscripts; int() accepts "+1", " 1", "1_0".
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 10:
-        raise BadParam(f"{name} must be a whole number from {lo} to {hi}")
-    v = int(raw)
-    if not lo <= v <= hi:
-        raise BadParam(f"{name} must be a whole number from {lo} to {hi}")
-    return v
-
-
-def leaderboard_params(query: Mapping[str, str], max_page: int) -> tuple[Kind, Sort, int, str]:
-    kind = _choice(query, "kind", KINDS, "users")
-    sort = _choice(query, "sort", SORTS, "total")
-    page = _int(query.get("page", "1"), "page", 1, max_page)
-    rng = _choice(query, "range", ranges.RANGES, "all")
-    if rng != "all" and sort != "total":
-        raise BadParam("a time range ranks by the credit in the range: leave out sort")
-    return kind, sort, page, rng  # type: ignore[return-value]
-
-
-def account_id_param(request: web.Request) -> int | None:
-    try:
-        return _int(request.match_info["account_id"], "account id", 1, MAX_ACCOUNT_ID)
-    except BadParam:
-        return None  # no such contributor, whatever it looked like
-
-
-# ---- responses -----------------------------------------------------------------------------------------
-
-
-def render(request: web.Request, template: str, status: int = 200, **context: Any) -> web.Response:
-    ctx = request.app[SITE]
-    context.setdefault("now", ctx.clock())
-    context.setdefault("nav", "")
-    body = ctx.env.get_template(template).render(static=_static_urls(request), **context)
-    resp = web.Response(text=body, status=status, content_type="text/html", charset="utf-8")
-    resp.headers.update(SECURITY_HEADERS)
-    compress(request, resp)
-    return resp
-
-
-def compress(request: web.Request, resp: web.StreamResponse) -> None:
-    """gzip when the client takes it (pages shrink about fivefold)."""
-    if "gzip" in request.headers.get("Accept-Encoding", "").lower():
-        resp.enable_compression(web.ContentCoding.gzip)
-
-
-def _static_urls(request: web.Request) -> Callable[[str], str]:
-    resource = request.app.router["site.static"]
-
-    def url(filename: str) -> str:
-        return str(resource.url_for(filename=filename))
-
-    return url
-
-
-def error_page(request: web.Request, status: int, message: str) -> web.Response:
-    titles = {400: "Bad request", 404: "Not found", 500: "Something went wrong"}
-    return render(request, "error.html", status=status, title=titles.get(status, "Error"), message=message)
-
-
-def error_json(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status, headers=SECURITY_HEADERS)
-
-
-def to_json(obj: Any) -> Any:
-    return dataclasses.asdict(obj)
-
-
 # ---- handlers ------------------------------------------------------------------------------------------
 
 
@@ -357,8 +180,6 @@ async def index(request: web.Request) -> web.Response:
 
 async def leaderboard_page(request: web.Request) -> web.Response:
     if request.query.get("kind") == "trainers":
-        from .collab import trainers_page
-
         return await trainers_page(request)
     ctx = request.app[SITE]
     try:
@@ -388,8 +209,6 @@ async def contributor_page(request: web.Request) -> web.Response:
         return error_page(request, 404, "There is no contributor with this id.")
     ctx = request.app[SITE]
     extras = await subjects.account_extras(ctx.get_sessions(request.app), who.id, who.total)
-    from .collab import training_samples
-
     chart = chart_context(who.days, f"Daily credit, last {len(who.days)} days")
     training = await training_samples(request, who.id)
     return render(
@@ -431,8 +250,6 @@ def grid_view(exp: ExperimentCoverage) -> GridView | None:
 
 
 async def swarm_page(request: web.Request) -> web.Response:
-    from .collab import collab_panel, panel_context
-
     swarm = await _load_swarm(request)
     grids = [grid_view(e) for e in swarm.experiments]
     config = request.app[SITE].get_config(request.app)

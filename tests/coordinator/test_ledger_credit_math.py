@@ -14,10 +14,10 @@ from coordinator.credit.ledger import (
     MAX_AGE_S,
     MAX_SAMPLES,
     MAX_SKEW_S,
+    CreditPlan,
     IngestResult,
     _covered,
     _Delta,
-    _Plan,
     _precheck,
     _recent_params,
     add_credit,
@@ -134,7 +134,7 @@ def test_delta_and_plan_sum_per_subject_and_day() -> None:
     d = _Delta(1.0, 2.0, 3)
     d.add(_Delta(10.0, 20.0, 30))
     assert (d.total, d.recent, d.requests) == (11.0, 22.0, 33)
-    plan = _Plan()
+    plan = CreditPlan()
     plan.add("h1", 4.0, 3.0, 1, day=7)
     plan.add("h1", 6.0, 5.0, 2, day=7)
     plan.add("h1", 1.0, 1.0, 1, day=8)

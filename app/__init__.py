@@ -7,7 +7,7 @@ imports the app.
 
 Two subpackages, the lower one free of Qt::
 
-    core/  what the app knows and decides, with no PySide6 import (tests/unit/test_app_core_is_qt_free.py):
+    core/  what the app knows and decides, with no PySide6 import (tests/unit/app/test_core_is_qt_free.py):
            its settings, the first run's registration, what the tray shows, the chart's rates, start at
            login, signed updates, and the Lifecycle: the app's states and transitions as a plain class
     qt/    the desktop: the controller that wires the Lifecycle to the tray, the windows, the node's

@@ -17,7 +17,7 @@ from aiortc.rtcdatachannel import RTCDataChannel, RTCDataChannelParameters
 
 from engine.p2p import patches
 from engine.p2p.patches import ack_frequency
-from tests.unit.sctp_fakes import FakeDtls, StockTransport
+from tests.unit.p2p.sctp_fakes import FakeDtls, StockTransport
 
 
 async def _one_side(cls: Any, n: int, one_way: float) -> list[float]:

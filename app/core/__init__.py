@@ -1,6 +1,6 @@
 """The tray app's Qt-free part: what it knows and decides, tested without a screen or an event loop.
 
-No module here imports PySide6 (nor anything of ``app.qt``); tests/unit/test_app_core_is_qt_free.py
+No module here imports PySide6 (nor anything of ``app.qt``); tests/unit/app/test_core_is_qt_free.py
 checks both. The Qt side (``app.qt``) owns the widgets, the processes and the threads and calls in.
 
 Modules::

@@ -1,5 +1,5 @@
-"""The tray app's own process stays light (issue 34, item 5): neither torch, aiortc nor PyAV is loaded
-in it, before consent or while its node child runs; only that child loads them.
+"""The tray app's own process stays light: neither torch, aiortc nor PyAV is loaded in it, before
+consent or while its node child runs; only that child loads them.
 
 ``lah/cli.py`` once installed the transport patches before it dispatched any command, so ``lah app``
 mapped libtorch, PyAV's codecs and OpenBLAS (355 MiB against 52 for a bare PySide6 tray). The process

@@ -1,4 +1,4 @@
-"""Hostile SCTP packets over real aiortc links on loopback (issue 34, items 1 and 2).
+"""Hostile SCTP packets over real aiortc links on loopback: malformed chunks, a receive window ignored.
 
 Mallory holds a real, verified link to Bob and writes raw SCTP packets into it, sealed by her own DTLS
 transport as any modified client could. Bob must keep answering everyone (the 20-byte packet that froze

@@ -1,4 +1,4 @@
-"""Every wait finite and every byte held bounded, over real aiortc links on loopback (issue 13).
+"""Every wait finite and every byte held bounded, over real aiortc links on loopback.
 
 Each test plays a hostile or stalled peer against an honest one through the real signaling hub, and
 fails on the code before the fix: first frames that reserved their declared size, a client that stops

@@ -1,4 +1,4 @@
-"""A peer that floods another with valid signed offers gets a bounded number of attempts (issue 13).
+"""A peer that floods another with valid signed offers gets a bounded number of attempts.
 
 Through the real coordinator's hub: mallory is an authenticated peer and signs every offer herself,
 so each one verifies; before the fix bob started an RTCPeerConnection for every one of them.

@@ -1,6 +1,6 @@
-"""Issue 13 on the DHT, over the in-memory network: malformed keys are typed errors, stores have quotas
-per owner and per sender, replies pick records fairly, and the coordinator's assignment proofs let
-readers prefer assigned hosts over squatters."""
+"""Hostile peers on the DHT, over the in-memory network: malformed keys are typed errors, stores have
+quotas per owner and per sender, replies pick records fairly, and the coordinator's assignment proofs
+let readers prefer assigned hosts over squatters."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """engine.lm's text in: the shipped corpus and its stated split, every kind of --data, every tokenizer,
-and each bad input named in issue 27 (empty, binary, too short, ids beyond the vocabulary, a tokenizer
-that differs from the experiment's)."""
+and each bad input refused with a sentence (empty, binary, too short, ids beyond the vocabulary, a
+tokenizer that differs from the experiment's)."""
 
 from __future__ import annotations
 

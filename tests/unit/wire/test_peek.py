@@ -1,7 +1,7 @@
 """peek_message: a message routed on its header and charged at its decoded size before any decoding.
 
-Issue 34, item 6: `make mutation` (group wire) found no test here that calls peek_message or
-decoded_nbytes; the RPC layer routes and budgets every received message with them.
+The RPC layer routes and budgets every received message with peek_message and decoded_nbytes, so the
+wire group of `make mutation` needs tests of its own that call them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every wire limit at its boundary, hostile shapes, value checks and the codec's rarely run paths.
 
-Issue 17's findings 2-5: each test is named after what a broken decoder or codec would let through.
+Each test is named after what a broken decoder or codec would let through.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The 8-bit codec at its numeric edges: saturation, subnormal and zero scales, float32 work.
 
-Issue 17 (make mutation over engine/wire/compression.py): each test pins a line the error-bound
+Each test pins a line of engine/wire/compression.py (`make mutation`, group wire) that the error-bound
 property tests cannot see, because a broken version stays within the bound or never meets the input.
 """
 

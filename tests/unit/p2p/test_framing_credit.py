@@ -1,4 +1,5 @@
-"""The frame reader's credit counters and every limit at its boundary (issue 17's findings 1, 2 and 5).
+"""The frame reader's credit counters and every limit at its boundary: credit given back as bytes are
+consumed, a full window accepted and one byte more refused, frames filled to their size.
 
 Each test is named after the broken version of the code it refuses: see tests/mutation/ and `make mutation`.
 """

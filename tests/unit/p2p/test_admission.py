@@ -1,4 +1,5 @@
-"""Inbound offers: a cap per peer and in total, replays dropped (issue 13, item 2)."""
+"""Inbound offers: a cap per peer and in total, replays dropped, so a flood of valid signed offers costs
+a bounded number of connection attempts."""
 
 from engine.p2p.admission import InboundAdmission, Verdict, ice_ufrag
 

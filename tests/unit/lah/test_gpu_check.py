@@ -17,7 +17,7 @@ import torch
 
 from lah import gpu_check
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def test_backend_check_code_runs_against_the_cpu() -> None:

@@ -1,6 +1,7 @@
 """RPC's bookkeeping: window credit given back on every path, counters, error shapes, the encode thread.
 
-Issue 17 (make mutation over engine/p2p/rpc.py): over an in-memory channel pair, no sockets.
+Each pins what a broken engine/p2p/rpc.py would get wrong (`make mutation`, group rpc): over an
+in-memory channel pair, no sockets.
 """
 
 import asyncio
@@ -32,7 +33,7 @@ from engine.p2p.rpc import (
 )
 from engine.wire import Compression, Kind, Limits, Message, encode_message_bytes
 from tests.memchannel import MemoryChannel, channel_pair
-from tests.unit.test_rpc import WINDOW, endpoint
+from tests.unit.p2p.test_rpc import WINDOW, endpoint
 
 
 class Recorder:

@@ -2,8 +2,8 @@
 count of bytes, a handler past its deadline or raising TimeoutError itself, a control message or an
 error reply that cannot be sent, and request ids that come back.
 
-Issue 34, item 6 (`make mutation`, group rpc): each test pins the outcome a broken version of
-engine/p2p/rpc.py changes. No sockets: in-memory channels, the far end often driven by hand.
+Each test pins the outcome a broken version of engine/p2p/rpc.py changes (`make mutation`, group
+rpc). No sockets: in-memory channels, the far end often driven by hand.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from engine.p2p.errors import ConnectionLost, ProtocolError
 from engine.p2p.rpc import CallContext, Handlers, RpcEndpoint
 from engine.wire import Kind, Limits, Message
 from tests.memchannel import MemoryChannel, channel_pair
-from tests.unit.rpc_peer import WINDOW, Peer, feed, settle, undecodable, until
-from tests.unit.test_rpc_limits import endpoint
+from tests.unit.p2p.rpc_peer import WINDOW, Peer, feed, settle, undecodable, until
+from tests.unit.p2p.test_rpc_limits import endpoint
 
 HIGH_WATER = 256 << 10
 

@@ -1,4 +1,4 @@
-"""Hostile SCTP packets (issue 34, items 1 and 2), without sockets.
+"""Hostile SCTP packets (a malformed parameter, a window ignored), without sockets.
 
 - The parser (:mod:`engine.p2p.patches.sctp_guard`): the 20-byte packet whose zero-length parameter
   froze aiortc's ``decode_params``, every chunk type that holds parameters, every fixed-field chunk cut
@@ -26,7 +26,7 @@ from engine.p2p.errors import ProtocolError
 from engine.p2p.patches import registry, sctp_guard, sctp_receiver
 from engine.p2p.patches.sctp_guard import MalformedPacket
 from engine.p2p.patches.sctp_receiver import MAX_SACK_ENTRIES, sack_blocks
-from tests.unit.sctp_fakes import FakeDtls, sacks
+from tests.unit.p2p.sctp_fakes import FakeDtls, sacks
 
 STOCK_PARSE: Any = registry.ORIGINALS["aiortc.rtcsctptransport.parse_packet"]
 TAG = 0x1234ABCD
@@ -79,7 +79,7 @@ def test_the_guard_is_what_aiortc_calls() -> None:
 
 def test_the_20_byte_packet_is_dropped_at_once() -> None:
     """An INIT ACK whose body is 16 fixed bytes and one parameter header of length 0 (20 bytes of chunk
-    after the common header; the issue's packet): stock loops forever on it."""
+    after the common header, the packet that froze aiortc): stock loops forever on it."""
     fixed = struct.pack("!LLHHL", 1, 1 << 20, 8, 8, 7)
     bad = packet(TAG, chunk(2, fixed + struct.pack("!HH", 0x8008, 0)))
     with pytest.raises(MalformedPacket, match="parameter of length 0"):

@@ -1,4 +1,5 @@
-"""Memory follows the data: partial messages hold what arrived, ABORT gives it back (issue 13, item 1)."""
+"""Memory follows the data: partial messages hold what arrived, not the size their first frame declares,
+and ABORT gives it back."""
 
 import pytest
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CORE = REPO / "app" / "core"
 QT_TOPS = {"PySide6", "shiboken6", "PyQt5", "PyQt6", "PySide2", "pyqtgraph"}
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from engine.p2p import patches
 from engine.p2p.patches import sctp_loops
-from tests.unit.sctp_fakes import FakeDtls
+from tests.unit.p2p.sctp_fakes import FakeDtls
 
 try:
     from engine.p2p.native import _records

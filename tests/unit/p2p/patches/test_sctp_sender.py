@@ -15,7 +15,7 @@ from aiortc import rtcsctptransport as sctp
 
 from engine.p2p import patches
 from engine.p2p.patches import sctp_constants, sctp_sender, sctp_timers
-from tests.unit.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair
+from tests.unit.p2p.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair
 
 MTU = sctp.USERDATA_MAX_LENGTH
 FIRST = 1000

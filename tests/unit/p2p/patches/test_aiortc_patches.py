@@ -23,7 +23,7 @@ from aiortc import rtcsctptransport as sctp
 from engine.p2p import patches
 from engine.p2p.errors import PatchMismatch
 from engine.p2p.patches import registry, sctp_receiver
-from tests.unit.sctp_fakes import (
+from tests.unit.p2p.sctp_fakes import (
     StockTransport,
     data_packet,
     established,

@@ -16,7 +16,7 @@ from aiortc.sdp import SessionDescription
 
 from engine.p2p import patches
 from engine.p2p.patches import ack_frequency, sctp_receiver
-from tests.unit.sctp_fakes import (
+from tests.unit.p2p.sctp_fakes import (
     FakeDtls,
     StockTransport,
     data_packet,

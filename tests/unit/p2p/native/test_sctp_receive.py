@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.p2p.patches import ack_frequency, compiled_sctp, sctp_receiver
-from tests.unit.sctp_fakes import FakeDtls, StockTransport, sacks
+from tests.unit.p2p.sctp_fakes import FakeDtls, StockTransport, sacks
 
 try:
     from engine.p2p.native import _records
@@ -146,8 +146,9 @@ async def test_in_order_fragments_are_taken_in_c_to_the_same_effect(base: int, s
 
 
 async def test_a_full_window_is_left_to_python_which_drops_alike() -> None:
-    """A message that never ends (issue 34, item 2): the C path takes fragments while the window has
-    room, counting the fragment room as Python does, and none once it is shut, so Python drops them."""
+    """A message that never ends (a peer ignoring the receive window): the C path takes fragments while
+    the window has room, counting the fragment room as Python does, and none once it is shut, so Python
+    drops them."""
     packets = _messages(100, [60], set())[:-1]  # never the LAST fragment
     taken = await _run(packets, 100, 2, window=20 * 100)
     assert taken == 19  # the first fragment made the stream (Python), 19 more filled the window in C

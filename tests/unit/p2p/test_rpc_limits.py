@@ -1,4 +1,5 @@
-"""Server-side deadlines, the waiting queue, stream credit and decoded-size budget (issue 13)."""
+"""Server-side deadlines, the waiting queue, stream credit and decoded-size budget: every wait finite,
+every byte held bounded."""
 
 import asyncio
 from collections.abc import AsyncIterator

@@ -1,9 +1,9 @@
 """A stream's own flow control, byte for byte: what the producer sends on the credit it has, what the
 consumer grants back and when, and what becomes of the producer's iterator when the stream ends early.
 
-Issue 34, item 6 (`make mutation`, group rpc): each boundary here is one a broken version of
-engine/p2p/rpc.py moves. The far end is driven by hand (tests/unit/rpc_peer.py), so the credit a
-producer holds is exactly what the test granted.
+Each boundary here is one a broken version of engine/p2p/rpc.py moves (`make mutation`, group rpc).
+The far end is driven by hand (tests/unit/p2p/rpc_peer.py), so the credit a producer holds is exactly
+what the test granted.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import pytest
 from engine.p2p.rpc import ITEM_OVERHEAD, CallContext, Handlers, RpcEndpoint
 from engine.wire import Kind, Message, encode_message_bytes
 from tests.memchannel import channel_pair
-from tests.unit.rpc_peer import Peer, settle, until
-from tests.unit.test_rpc_limits import endpoint
+from tests.unit.p2p.rpc_peer import Peer, settle, until
+from tests.unit.p2p.test_rpc_limits import endpoint
 
 # Every item below is a STREAM message of request 1 with one small field: the same size on the wire.
 ITEM = len(encode_message_bytes(Message(Kind.STREAM, 1, fields={"i": 0})))

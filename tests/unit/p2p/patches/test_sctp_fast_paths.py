@@ -1,4 +1,4 @@
-"""Issue 15's per-packet cuts in the SCTP patches, each against stock aiortc as the oracle.
+"""The SCTP patches' per-packet shortcuts, each against stock aiortc as the oracle.
 
 - ``_handle_data`` dispatching DATA/SACK directly: the same receiver state as stock after every packet of
   a hostile sequence (wrong tags, INIT with our tag, garbage, truncation, duplicates, unknown chunks).
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from aiortc import rtcsctptransport as sctp
 
-from tests.unit.sctp_fakes import FakeDtls, StockTransport
+from tests.unit.p2p.sctp_fakes import FakeDtls, StockTransport
 
 
 def _established(cls: type[Any], base_tsn: int, tag: int = 0x1234ABCD) -> tuple[Any, FakeDtls]:

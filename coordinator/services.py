@@ -37,7 +37,8 @@ from .credit.ledger import in_list
 from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
 from .hub.batching import Batcher
-from .hub.signaling import OfferGate, PeerRefused
+from .hub.offer_gate import OfferGate
+from .hub.signaling import PeerRefused
 from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
 from .replicas.leader import Leader, LocalLeader
 from .replicas.pg_link import DbClock, Link, Listener

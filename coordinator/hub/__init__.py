@@ -10,6 +10,7 @@ Modules, bottom up (each imports only those above it in this list):
   listener that receives them.
 - ``presence``: replicas sharing one PostgreSQL: heartbeats, who is online where, forwarding a signal
   to the peer's replica; on ``relay`` and ``batching``.
+- ``offer_gate``: which offers are relayed (a token bucket per sender, replays dropped); pure.
 - ``signaling``: the hub itself (authenticated peers, offer/answer relay, per-address limits from
   :mod:`coordinator.ratelimit`); on ``presence`` when it runs as one of several replicas.
 

@@ -32,11 +32,8 @@ this process. A signal that cannot be forwarded because the database is away get
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import secrets
-import time
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -47,19 +44,14 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
-from ..ratelimit import ConnectionLimiter, RateLimiter
+from ..ratelimit import ConnectionLimiter
+from .offer_gate import RATE_LIMITED, OfferGate
 from .presence import ReplicaGroup, new_conn_id
 from .turn import TurnConfig, turn_server
 
 logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT_S = 10.0
-RATE_LIMITED = "rate_limited"
-# A node dials a few dozen peers as it joins (DHT bootstrap, experts), then a few a minute.
-OFFER_BURST = 64
-OFFERS_PER_S = 2.0
-DUPLICATE_WINDOW_S = 120.0  # a signed description is refused by its recipient after this anyway
-MAX_REMEMBERED_OFFERS = 65536
 
 # WebSocket close codes (application range) for refused peers; the Error frame before says more.
 CLOSE_POLICY = 1008
@@ -104,49 +96,6 @@ class HubStats:
     rate_limited: int = 0
     offers_limited: int = 0
     duplicates: int = 0
-
-
-class OfferGate:
-    """Which relayed offers go through: a token bucket per sender and a memory of recent offers.
-
-    Pure (the clock is a parameter) and bounded: at most ``MAX_REMEMBERED_OFFERS`` signatures, the
-    oldest forgotten first, and the limiter's own bound on senders.
-    """
-
-    def __init__(
-        self,
-        rate: float = OFFERS_PER_S,
-        burst: float = OFFER_BURST,
-        *,
-        window_s: float = DUPLICATE_WINDOW_S,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limiter = RateLimiter(rate, burst, clock=clock)
-        self.window_s = window_s
-        self.clock = clock
-        self._seen: OrderedDict[tuple[str, bytes], float] = OrderedDict()
-
-    def check(self, sender: str, signal: sp.Signal) -> str | None:
-        """None to relay; else why not: ``"duplicate"`` or ``RATE_LIMITED``."""
-        if signal.description.type != "offer":
-            return None
-        now = self.clock()
-        while self._seen:
-            key, at = next(iter(self._seen.items()))
-            if now - at <= self.window_s and len(self._seen) <= MAX_REMEMBERED_OFFERS:
-                break
-            del self._seen[key]
-        desc = signal.description
-        key = (sender, hashlib.blake2b(desc.signed_bytes() + desc.signature, digest_size=16).digest())
-        if key in self._seen:
-            return "duplicate"
-        if not self.limiter.allow(sender):
-            return RATE_LIMITED
-        self._seen[key] = now
-        return None
-
-    def retry_after(self, sender: str) -> float:
-        return self.limiter.retry_after(sender)
 
 
 @dataclass

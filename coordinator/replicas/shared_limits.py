@@ -11,7 +11,7 @@ database anyway.
 
 SQLite is one process: :class:`LocalBuckets` wraps the in-memory :class:`~coordinator.ratelimit.RateLimiter`
 (its clock a parameter, so tests drive it). Limits that stay per replica on purpose: the signaling
-hub's offers per sender (``signaling.OfferGate``: a sender's offers all go through the one socket it
+hub's offers per sender (``offer_gate.OfferGate``: a sender's offers all go through the one socket it
 holds, on one replica) and concurrent WebSockets per address (``ratelimit.ConnectionLimiter``: each
 replica bounds what one address can hold open on it, so the whole group bounds it to N times the
 limit; the proxy's own per-address connection limit, e.g. nginx's ``limit_conn``, is the global one).

@@ -9,7 +9,8 @@ import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
 from coordinator.app import create_app
-from coordinator.hub.signaling import HUB_KEY, RATE_LIMITED, OfferGate, SignalingHub
+from coordinator.hub.offer_gate import RATE_LIMITED, OfferGate
+from coordinator.hub.signaling import HUB_KEY, SignalingHub
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import new_session_id, sign_description
 from engine.p2p.identity import Identity

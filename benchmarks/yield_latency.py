@@ -46,7 +46,8 @@ import torch
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
-from engine.node import UNAVAILABLE, CoordinatorApi, Volunteer, join_local, process_rss
+from engine.account import CoordinatorApi
+from engine.node import UNAVAILABLE, Volunteer, join_local, process_rss
 from engine.p2p import Identity, LinkConfig, Peer, RemoteError
 from engine.resources import Decision, IdleReading, Reason, Settings, State, SystemSensors, X11Idle
 

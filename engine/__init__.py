@@ -12,7 +12,9 @@ exactly which)::
     lm/         the language model: corpus, tokenizers, a GPT whose feed-forward blocks are mixtures
     collab/     DeDLOC collaborative training: progress in the DHT, matchmaking, all-reduce
     resources/  the volunteer's limits (Settings), the machine's readings, decide() and the Governor
-    node/       the volunteer node, and the engine's one client of the coordinator's HTTP API
+    account/    tokens and where they are kept (keyring, 0600 file), and the engine's one client of the
+                coordinator's HTTP API: what the node, the trainer, the app and ``lah`` sign in with
+    node/       the volunteer node
     control/    a running node's local control API and its client (``lah status``, the tray app)
     trainer/    the trainer: models whose mixtures call volunteers' experts, receipts, spot checks
     swarm/      the public API for a researcher's own model

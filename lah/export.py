@@ -31,8 +31,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
 from engine.dht.errors import DHTError
-from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
+from engine.node.errors import AlreadyRunning
 from engine.p2p.errors import P2PError
 
 from .train_credentials import TrainerCredentials
@@ -208,7 +209,7 @@ def _run(
 
 
 def _api(url: str) -> Any:
-    from engine.node.coordinator_api import CoordinatorApi
+    from engine.account.coordinator_api import CoordinatorApi
 
     return CoordinatorApi(url)
 

@@ -46,7 +46,7 @@ class ProgressPoster:
         """Send ``row`` (an ``engine.lm.Metrics``) in the background; False when it has nothing to draw
         (no finite validation loss), and nothing is sent. ``sample``: the text, or what makes it, called
         (on this thread, where the model is) only when the row is sent."""
-        from engine.node.coordinator_api import progress_report
+        from engine.account.coordinator_api import progress_report
 
         if progress_report(row.step, row.train_tokens, row.val_loss, row.tokens_per_s) is None:
             return False
@@ -58,7 +58,7 @@ class ProgressPoster:
         return True
 
     async def _send(self, body: dict[str, Any]) -> bool:
-        from engine.node.errors import CoordinatorError, CoordinatorUnreachable
+        from engine.account.errors import CoordinatorError, CoordinatorUnreachable
 
         if self._lock is None:
             self._lock = asyncio.Lock()

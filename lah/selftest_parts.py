@@ -242,7 +242,7 @@ def _with_timeout(fn: Callable[[], Any], seconds: float, what: str) -> Any:
 
 
 def check_keyring() -> str:
-    from engine.node.tokens import FileTokenStore, KeyringTokenStore, default_token_store
+    from engine.account.tokens import FileTokenStore, KeyringTokenStore, default_token_store
 
     with tempfile.TemporaryDirectory(prefix="lah-selftest-") as tmp:
         store = default_token_store(Path(tmp))

@@ -35,8 +35,9 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
 from engine.dht.errors import DHTError
-from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
+from engine.node.errors import AlreadyRunning
 from engine.p2p.errors import P2PError
 
 from .train_credentials import TrainerCredentials
@@ -70,7 +71,7 @@ WAIT_PEERS_S = 120.0  # --wait-peers: the longest a trainer waits for the others
 
 async def login_command(coordinator: str, name: str, code: str, store: TrainerCredentials) -> str:
     """Exchange the login code and keep the token; returns where it was kept."""
-    from engine.node.coordinator_api import CoordinatorApi
+    from engine.account.coordinator_api import CoordinatorApi
 
     api = CoordinatorApi(coordinator)
     try:
@@ -172,11 +173,10 @@ def _run(
 ) -> int:
     import torch
 
+    from engine.account.coordinator_api import CoordinatorApi
     from engine.moe import LoopThread
-    from engine.node.coordinator_api import CoordinatorApi
     from engine.node.lock import InstanceLock
     from engine.trainer import Trainer, TrainerNode, remote_model
-
 
     data_dir = data_dir or default_data_dir()
     store = TrainerCredentials(data_dir, token_file)

@@ -1,4 +1,4 @@
-"""Where ``lah train`` keeps the trainer account's token: :mod:`engine.node.trainer_tokens`.
+"""Where ``lah train`` keeps the trainer account's token: :mod:`engine.account.trainer_tokens`.
 
 The store lives in the engine so that a researcher's own script (:mod:`engine.swarm`) finds the token
 ``lah train login`` kept; this module is the name ``lah`` and its tests import it by.
@@ -6,7 +6,7 @@ The store lives in the engine so that a researcher's own script (:mod:`engine.sw
 
 from __future__ import annotations
 
-from engine.node.trainer_tokens import (
+from engine.account.trainer_tokens import (
     KEYRING_SERVICE,
     START_REFRESH_S,
     TOKEN_FILE,

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.node.errors import CoordinatorError, CoordinatorUnreachable
-from engine.node.tokens import Credentials
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
+from engine.account.tokens import Credentials
 
 from .train_credentials import TrainerCredentials, default_trainer_dir, fresh
 
@@ -95,7 +95,7 @@ PROBE_TIMEOUT_S = 10.0
 
 async def no_coordinator(url: str) -> str | None:
     """None when a coordinator answers at ``url``; else why not, in a sentence."""
-    from engine.node.coordinator_api import CoordinatorApi
+    from engine.account.coordinator_api import CoordinatorApi
 
     api = CoordinatorApi(url, timeout=PROBE_TIMEOUT_S)
     try:

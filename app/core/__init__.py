@@ -19,9 +19,10 @@ Modules::
     errors           the app's own exceptions (the engine's stay the engine's)
 
 Of the engine: engine.control (the node's data dir), engine.resources (the settings, their checks),
-engine.files (atomic writes), and in ``registration`` engine.node: its token stores and errors, and its
-coordinator client, imported for the first run only (aiohttp). engine.node and engine.control load
-their heavy modules lazily, so none of this loads torch.
+engine.files (atomic writes), and engine.account: the token stores and the coordinator's errors (in
+``registration``, ``lifecycle``), and its coordinator client, imported for the first run only
+(aiohttp). engine.account and engine.control load their heavy modules lazily, so none of this loads
+torch; nothing here imports the volunteer's engine.node (engine.control does, lightly).
 
-May import: engine.control, engine.files, engine.node, engine.resources
+May import: engine.account, engine.control, engine.files, engine.resources
 """

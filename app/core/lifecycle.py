@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from engine.node.tokens import Credentials
+from engine.account.tokens import Credentials
 from engine.resources import Settings, SettingsError, load_settings, save_settings
 
 from . import autostart, registration

@@ -11,8 +11,15 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
-from engine.node import CoordinatorError, CoordinatorUnreachable, FileTokenStore
-from engine.node.tokens import Credentials, KeyringTokenStore, default_token_store, keyring_place
+from engine.account import (
+    CoordinatorError,
+    CoordinatorUnreachable,
+    Credentials,
+    FileTokenStore,
+    KeyringTokenStore,
+    default_token_store,
+    keyring_place,
+)
 
 from .errors import RegistrationError
 
@@ -72,7 +79,7 @@ async def register(
     """Create the account and keep its token. Raises RegistrationError with a sentence for the volunteer.
 
     ``invite``: the invitation code, where the project admits only the names it invited."""
-    from engine.node.coordinator_api import CoordinatorApi  # aiohttp: loaded for the first run only
+    from engine.account.coordinator_api import CoordinatorApi  # aiohttp: loaded for the first run only
 
     api = CoordinatorApi(token_key(coordinator_url), timeout=timeout)
     try:

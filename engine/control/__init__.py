@@ -1,8 +1,8 @@
 """Local control of a running node: only the same user on the same machine may use it.
 
-Layers, bottom up (imports ``engine.node`` and ``engine.resources``, and of ``engine.p2p`` the node's
-identity, link settings and statistics and the compiled layer's state; never Qt, ``app/``,
-``coordinator/``)::
+Layers, bottom up (imports ``engine.node``, ``engine.resources``, ``engine.account`` (the coordinator's
+errors a starting node may meet), and of ``engine.p2p`` the node's identity, link settings and
+statistics and the compiled layer's state; never Qt, ``app/``, ``coordinator/``)::
 
     protocol      JSON-lines framing, the connection file (host, port, secret, pid; mode 0600), errors
     server        ControlServer: localhost TCP; first line must carry the secret; commands below
@@ -29,7 +29,7 @@ Exceptions::
     ├── Unauthorized        wrong or missing secret
     └── NodeNotRunning      no connection file, or nothing answers on its port
 
-May import: engine.files, engine.node, engine.p2p, engine.resources
+May import: engine.account, engine.files, engine.node, engine.p2p, engine.resources
 """
 
 from importlib import import_module

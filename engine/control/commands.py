@@ -23,9 +23,9 @@ from typing import Any
 
 import psutil  # type: ignore[import-untyped]
 
+from engine.account import AccountError, CoordinatorUnreachable
 from engine.node import (
     AlreadyRunning,
-    CoordinatorUnreachable,
     InstanceLock,
     NodeError,
     NodeHome,
@@ -219,7 +219,7 @@ async def _run_locked(
                     volunteer = make_volunteer(node_control.volunteer.settings)  # as reloaded meanwhile
                     volunteer.errors.extend(errors)  # the tray keeps showing why it waits
                     node_control.volunteer = volunteer
-            except NodeError as e:
+            except (AccountError, NodeError) as e:
                 out.warn(f"lah node: {e}")
                 await volunteer.stop()
                 return 1

@@ -1,17 +1,11 @@
 """The volunteer node: joins the coordinator, hosts assigned experts, and yields the machine on demand.
 
-Layers, bottom up (each imports only those below it; plus ``engine.p2p``, ``engine.dht``, ``engine.moe``,
-``engine.resources``, ``engine.wire`` (the bytes a host binding signs, the gate's messages) and
-``engine.files``; never Qt, ``app/`` or ``coordinator/``)::
+Layers, bottom up (each imports only those below it; plus ``engine.account`` (the token stores, the
+coordinator's HTTP API and its errors), ``engine.p2p``, ``engine.dht``, ``engine.moe``,
+``engine.resources`` and ``engine.wire`` (the gate's messages); never Qt, ``app/`` or ``coordinator/``)::
 
     errors           the exception tree below
     config           VolunteerConfig: a node's timeouts and periods, its links' and governor's options
-    tokens           TokenStore protocol: KeyringTokenStore (OS keyring), FileTokenStore (0600), Memory
-    coordinator_api  the coordinator's HTTP API, the engine's one client of it (accounts, host binding,
-                     token refresh, assignment with its proofs, energy; the trainer's receipts,
-                     spot checks and evaluations for the experiment's page too)
-    trainer_tokens   TrainerCredentials: a trainer's token (``lah train login``), which ``lah train``
-                     and ``engine.swarm`` read; the trainer's default data dir
     memory           the memory budget offered to the coordinator; process RSS
     gate             WorkGate: one switch in front of moe.forward/backward ("unavailable" when closed)
     hosting          Hosting: the ExpertServer of the current assignment; release/restore memory
@@ -23,31 +17,26 @@ Layers, bottom up (each imports only those below it; plus ``engine.p2p``, ``engi
     volunteer        Volunteer: start/stop, upkeep (re-assign, re-declare, re-bootstrap), WorkHooks
     join             join_local(): fresh identity + account + start, for local swarms and demos
 
-Exceptions::
+Exceptions (the coordinator's API fails with ``engine.account``'s ``CoordinatorError`` and
+``CoordinatorUnreachable``, the same classes for every caller; the node catches them beside its own)::
 
     NodeError
-    ├── CoordinatorError        the coordinator answered with an error (``status``, ``code``)
-    ├── CoordinatorUnreachable  no answer from the coordinator (after the start retries, too)
     └── AlreadyRunning          another node of this home holds the instance lock (``pid``)
 
-May import: engine.dht, engine.files, engine.moe, engine.p2p, engine.resources, engine.wire
+May import: engine.account, engine.dht, engine.moe, engine.p2p, engine.resources, engine.wire
 """
 
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 # Light modules load at once; those that load torch, aiortc, the DHT or aiohttp load on first use, so
-# the tray app can use the token stores in a process that never imports torch (nor aiohttp, ~26 MiB,
-# after its first run).
-from .errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable, NodeError
+# the tray app can use a node's home (``engine.control``) in a process that never imports torch (nor
+# aiohttp, ~26 MiB: ``engine.account`` loads its HTTP client lazily too).
+from .errors import AlreadyRunning, NodeError
 from .home import NodeHome
 from .lock import InstanceLock
-from .tokens import Credentials, FileTokenStore, KeyringTokenStore, MemoryTokenStore, TokenStore
 
 _LAZY = {
-    "AssignedExpert": "coordinator_api",
-    "Assignment": "coordinator_api",
-    "CoordinatorApi": "coordinator_api",
     "UNAVAILABLE": "gate",
     "WorkGate": "gate",
     "Hosting": "hosting",
@@ -62,7 +51,6 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from .config import VolunteerConfig
-    from .coordinator_api import AssignedExpert, Assignment, CoordinatorApi
     from .gate import UNAVAILABLE, WorkGate
     from .hosting import Hosting
     from .join import join_local
@@ -81,20 +69,10 @@ __all__ = [
     "STATUS_KEYS",
     "UNAVAILABLE",
     "AlreadyRunning",
-    "AssignedExpert",
-    "Assignment",
-    "CoordinatorApi",
-    "CoordinatorError",
-    "CoordinatorUnreachable",
-    "Credentials",
-    "FileTokenStore",
     "Hosting",
     "InstanceLock",
-    "KeyringTokenStore",
-    "MemoryTokenStore",
     "NodeError",
     "NodeHome",
-    "TokenStore",
     "Volunteer",
     "VolunteerConfig",
     "WorkGate",

@@ -1,24 +1,13 @@
-"""The node's exceptions (the tree is drawn in ``engine/node/__init__.py``)."""
+"""The node's exceptions (the tree is drawn in ``engine/node/__init__.py``).
+
+The coordinator's API fails with the account layer's own (:mod:`engine.account.errors`), whoever calls it.
+"""
 
 from __future__ import annotations
 
 
 class NodeError(Exception):
-    """Anything that keeps the volunteer node from starting or running."""
-
-
-class CoordinatorError(NodeError):
-    """The coordinator answered with an error; ``code`` is its machine-readable code."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(f"coordinator refused ({status} {code}): {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-
-
-class CoordinatorUnreachable(NodeError):
-    """No answer from the coordinator (connection refused, DNS, timeout)."""
+    """Anything of the node's own that keeps the volunteer node from starting or running."""
 
 
 class AlreadyRunning(NodeError):

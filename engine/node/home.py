@@ -32,9 +32,8 @@ from pathlib import Path
 
 import platformdirs
 
+from engine.account.tokens import FileTokenStore, KeyringTokenStore, default_token_store, keyring_place
 from engine.resources.settings import SETTINGS_FILE, settings_path
-
-from .tokens import FileTokenStore, KeyringTokenStore, default_token_store, keyring_place
 
 APP_NAME = "learning-at-home"
 LOCK_FILE = "node.lock"

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from engine.account.tokens import FileTokenStore
 from engine.p2p import Identity
 from engine.resources import Settings
 
-from .tokens import FileTokenStore
 from .volunteer import Volunteer
 
 

@@ -33,14 +33,14 @@ from .participation import Participation
 if TYPE_CHECKING:
     import torch
 
+    from engine.account.coordinator_api import Assignment
+    from engine.account.tokens import Credentials
     from engine.dht import DHTNode
     from engine.p2p import Peer
     from engine.resources import Governor
 
-    from .coordinator_api import Assignment
     from .gate import WorkGate
     from .hosting import Hosting
-    from .tokens import Credentials
 
 STATUS_KEYS = (
     "state",

@@ -27,6 +27,9 @@ from typing import Any
 
 import torch
 
+from engine.account.coordinator_api import Assignment, CoordinatorApi
+from engine.account.errors import AccountError, CoordinatorError, CoordinatorUnreachable
+from engine.account.tokens import Credentials, TokenStore
 from engine.dht import AssignmentProof, Declarer, DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import default_device
@@ -37,13 +40,10 @@ from engine.resources import Decision, EnergyMeter, Governor, SensorSource, Sett
 from engine.resources.limits import cpu_pause_after
 
 from .config import VolunteerConfig
-from .coordinator_api import Assignment, CoordinatorApi
-from .errors import CoordinatorError, CoordinatorUnreachable, NodeError
 from .gate import WorkGate
 from .hosting import Hosting
 from .memory import memory_budget
 from .status import build_status
-from .tokens import Credentials, TokenStore
 
 logger = logging.getLogger(__name__)
 
@@ -271,7 +271,7 @@ class Volunteer:
         if creds.expires_at - time.time() < self.config.refresh_margin_s:
             try:
                 creds = await self.api.refresh(creds)
-            except NodeError as e:
+            except AccountError as e:
                 self.note_error(f"token refresh failed: {e}")
                 return creds.token
             self.credentials = creds
@@ -304,7 +304,7 @@ class Volunteer:
             await asyncio.sleep(self.config.upkeep_interval)
             try:
                 await self._upkeep_once()
-            except (NodeError, DHTError, P2PError, TimeoutError, OSError) as e:
+            except (AccountError, DHTError, P2PError, TimeoutError, OSError) as e:
                 self.note_error(f"upkeep: {e}")
             except Exception as e:  # an answer or a bug nobody foresaw: said, and the upkeep goes on
                 logger.exception("upkeep failed")
@@ -340,13 +340,13 @@ class Volunteer:
         try:
             await self._read_credit(token)
             await self._report_energy(token)
-        except NodeError as e:  # unreachable too: the rest of upkeep still runs
+        except AccountError as e:  # unreachable too: the rest of upkeep still runs
             self.note_error(f"credit: {e}")
 
     async def _read_credit(self, token: str) -> None:
         try:
             self.credit, self.rank = await self.api.credit(token)
-        except NodeError as e:
+        except AccountError as e:
             self.credit_error = str(e)
             raise
         self.credit_at, self.credit_error = time.time(), None
@@ -364,7 +364,7 @@ class Volunteer:
         async def read() -> None:
             token = await self._token()
             if token is not None:
-                with contextlib.suppress(NodeError):  # kept in credit_error, shown beside the old value
+                with contextlib.suppress(AccountError):  # kept in credit_error, shown beside the old value
                     await self._read_credit(token)
 
         self._credit_task = asyncio.create_task(read(), name="credit-read")

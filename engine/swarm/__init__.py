@@ -20,8 +20,9 @@ another host, and the dense part steps with the experiment's other trainers when
 so, as for ``lah train``. docs/researchers.md is the guide; examples/ has two whole scripts.
 
 Modules, bottom up (each imports only those below it, and engine.trainer, engine.collab, engine.moe,
-engine.node, engine.lm, engine.dht (its errors) and engine.p2p (identity, errors, and the patches
-installed at join); never Qt, ``app/`` or ``coordinator/``)::
+engine.account (the trainer's login, the coordinator's client and its errors), engine.node (the data
+dir's instance lock), engine.lm, engine.dht (its errors) and engine.p2p (identity, errors, and the
+patches installed at join); never Qt, ``app/`` or ``coordinator/``)::
 
     errors       the exception tree below
     experiment   Experiment, Grid: what an experiment fixes, from the coordinator's JSON (pure),
@@ -47,7 +48,8 @@ Exceptions (one tree; every message says what to do)::
 A step the swarm could not serve raises one of :data:`SKIPPABLE` (engine.moe's): a loop skips that
 batch and goes on.
 
-May import: engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engine.p2p, engine.trainer
+May import: engine.account, engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engine.p2p,
+    engine.trainer
 """
 
 from __future__ import annotations

@@ -19,10 +19,10 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from engine.node.coordinator_api import CoordinatorApi
-from engine.node.errors import CoordinatorError, CoordinatorUnreachable
-from engine.node.tokens import Credentials
-from engine.node.trainer_tokens import TrainerCredentials, fresh
+from engine.account.coordinator_api import CoordinatorApi
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
+from engine.account.tokens import Credentials
+from engine.account.trainer_tokens import TrainerCredentials, fresh
 
 from .errors import CoordinatorNotFound, LoginRequired, SwarmError, UnknownExperiment
 

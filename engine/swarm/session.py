@@ -29,13 +29,14 @@ from typing import Any
 
 import torch
 
+from engine.account.coordinator_api import CoordinatorApi
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
+from engine.account.tokens import Credentials
+from engine.account.trainer_tokens import TrainerCredentials, default_trainer_dir
 from engine.dht import DHTError
 from engine.moe import LoopThread
-from engine.node.coordinator_api import CoordinatorApi
-from engine.node.errors import AlreadyRunning, CoordinatorError, CoordinatorUnreachable
+from engine.node.errors import AlreadyRunning
 from engine.node.lock import InstanceLock
-from engine.node.tokens import Credentials
-from engine.node.trainer_tokens import TrainerCredentials, default_trainer_dir
 from engine.p2p import Identity
 from engine.p2p.errors import P2PError
 from engine.trainer import TrainerConfig, TrainerNode

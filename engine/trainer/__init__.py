@@ -13,11 +13,11 @@
     lm.py                the language model (engine.lm) with one remote mixture per block, and its local twin
                          (imported as engine.trainer.lm: the digits trainer does not load engine.lm)
 
-The coordinator's HTTP API is the engine's one client of it, ``engine.node.coordinator_api``
-(its errors: ``engine.node.CoordinatorError`` and ``CoordinatorUnreachable``); of engine.node the trainer
-uses that client, its errors and the Credentials it returns, never the Volunteer.
+The coordinator's HTTP API is the engine's one client of it, ``engine.account.coordinator_api``
+(its errors: ``engine.account.CoordinatorError`` and ``CoordinatorUnreachable``); the trainer uses that
+client, its errors and the Credentials it returns, and nothing of the volunteer's ``engine.node``.
 
-May import: engine.collab, engine.dht, engine.lm, engine.moe, engine.node, engine.p2p, engine.wire
+May import: engine.account, engine.collab, engine.dht, engine.lm, engine.moe, engine.p2p, engine.wire
 """
 
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts, load_digits_split

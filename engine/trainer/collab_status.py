@@ -18,9 +18,9 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from engine.account.coordinator_api import CoordinatorApi
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
 from engine.collab import CollaborativeOptimizer, StepReport
-from engine.node.coordinator_api import CoordinatorApi
-from engine.node.errors import CoordinatorError, CoordinatorUnreachable
 
 logger = logging.getLogger(__name__)
 

@@ -22,14 +22,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.account.coordinator_api import CoordinatorApi
+from engine.account.tokens import Credentials
 from engine.collab import CollabConfig, CollaborativeOptimizer, MatchmakingConfig
 from engine.dht import DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.moe import LoopThread, RemoteExpert
 from engine.moe.dht_finder import DHTExpertFinder
 from engine.moe.layer_calls import CallRecord
-from engine.node.coordinator_api import CoordinatorApi
-from engine.node.tokens import Credentials
 from engine.p2p import Identity, LinkConfig, Peer
 
 from .collab_status import CollabStatusReporter

@@ -24,9 +24,9 @@ from app.core.paths import AppPaths
 from app.core.registration import register, token_place
 from app.qt.controller import AppController
 from app.qt.single_instance import SingleInstance
+from engine.account import FileTokenStore
 from engine.control import ConnectionInfo, default_connection_path
 from engine.control.protocol import data_dir
-from engine.node import FileTokenStore
 from engine.resources import load_settings
 
 from .conftest import Coordinator, start_coordinator

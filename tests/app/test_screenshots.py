@@ -16,7 +16,7 @@ from PySide6.QtWidgets import QApplication, QWidget
 
 from app.qt.controller import AppController
 from app.qt.theme import apply_color_scheme
-from engine.node import CoordinatorApi
+from engine.account import CoordinatorApi
 from engine.p2p import Identity
 from engine.p2p.patches import pin_host_addresses
 from engine.trainer import sign_receipt

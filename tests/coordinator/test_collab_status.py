@@ -28,7 +28,7 @@ from coordinator.swarm import api_collab
 from coordinator.swarm.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, expire, record
 from engine.p2p.identity import Identity
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 EXPERIMENTS = [
     ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2], target_batch_size=256),

@@ -26,7 +26,7 @@ from coordinator.services import SERVICES, Services, open_services
 from coordinator.swarm import api_progress
 from coordinator.swarm.progress import MAX_SAMPLE_BYTES, ProgressReport, record
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 LM = ExperimentConfig(
     name="tiny",

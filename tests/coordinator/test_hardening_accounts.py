@@ -338,7 +338,7 @@ async def test_energy_reports_are_bounded_by_power_and_time(full: Full) -> None:
 
 
 async def test_assignment_carries_the_coordinators_proofs(full: Full) -> None:
-    from engine.node.coordinator_api import parse_assignment
+    from engine.account.coordinator_api import parse_assignment
     from engine.p2p.errors import IdentityError
     from engine.p2p.identity import verify
     from engine.wire.statements import assignment_signed_bytes

@@ -26,7 +26,7 @@ from coordinator.services import SERVICES, Services, open_services
 from engine.p2p.identity import Identity
 
 from .accounts_helpers import FakeClock
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2])
 NOW = 1_800_000_000.0

@@ -18,9 +18,9 @@ from coordinator.accounts.trainers import grant_trainer
 from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
 from coordinator.services import Services
-from engine.node.coordinator_api import CoordinatorApi
-from engine.node.errors import CoordinatorError
-from engine.node.tokens import Credentials
+from engine.account.coordinator_api import CoordinatorApi
+from engine.account.errors import CoordinatorError
+from engine.account.tokens import Credentials
 from lah.train import login_command, run_train
 from lah.train_credentials import TrainerCredentials, fresh
 from lah.trainer_session import prepare

@@ -17,7 +17,7 @@ from coordinator.credit.receipts import sign_receipt
 from coordinator.db.models import Account, Host, Team
 from coordinator.db.session import session_factory
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 NOW = 1_800_000_000.0
 

@@ -12,7 +12,7 @@ from coordinator.db.models import Account, CreditDay, Host, Receipt, Team
 from coordinator.db.session import session_factory
 from engine.p2p.identity import Identity
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 NOW = 1_800_000_000.0
 

@@ -13,7 +13,7 @@ from coordinator.credit.receipts import MAX_BATCH, ReceiptBatch, sign_receipt, s
 from coordinator.services import SERVICES, Services, open_services
 from engine.p2p.identity import Identity
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 
 async def ledger_app(db: AsyncEngine, tmp_path: Path) -> tuple[web.Application, Services]:

@@ -30,8 +30,8 @@ from coordinator.replicas.shared_limits import DatabaseBuckets
 from engine.p2p.identity import Identity
 from tests.dbs import POSTGRES_URL
 
+from .ledger_support import make_host
 from .replicas_helpers import PgProxy, fresh_schema, start_replica, wait_for
-from .test_ledger_support import make_host
 
 COST = 2.0  # replicas_helpers.EXP's expert_cost
 

@@ -13,7 +13,7 @@ from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.credit.receipts import sign_receipt
 from engine.p2p.signaling import SignalingClient
 from tests.coordinator.accounts_helpers import volunteer_with_host
-from tests.coordinator.test_ledger_support import make_host
+from tests.coordinator.ledger_support import make_host
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2])
 

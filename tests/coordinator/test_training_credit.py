@@ -22,7 +22,7 @@ from coordinator.db.models import Account
 from coordinator.db.session import session_factory
 from coordinator.swarm.collab_status import StatusReport, record
 
-from .test_ledger_support import make_host
+from .ledger_support import make_host
 
 
 def test_claim_delta_counts_increases_within_a_run_and_all_of_a_new_run() -> None:

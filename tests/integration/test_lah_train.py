@@ -20,8 +20,8 @@ import pytest
 from coordinator.accounts.trainers import grant_trainer
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, DenseModel, ExperimentConfig
+from engine.account.coordinator_api import CoordinatorApi
 from engine.moe import LoopThread
-from engine.node.coordinator_api import CoordinatorApi
 from engine.node.join import join_local
 from engine.resources import Settings
 from lah.cli import main as lah_main

@@ -18,9 +18,9 @@ import pytest
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig, LanguageModel
 from coordinator.swarm.progress import MAX_SAMPLE_BYTES
+from engine.account.coordinator_api import PROGRESS_SAMPLE_BYTES, CoordinatorApi, progress_report
 from engine.lm import Metrics
 from engine.moe import LoopThread
-from engine.node.coordinator_api import PROGRESS_SAMPLE_BYTES, CoordinatorApi, progress_report
 from lah.lm_progress import ProgressPoster
 
 pytestmark = pytest.mark.integration

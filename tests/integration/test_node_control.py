@@ -13,15 +13,9 @@ import torch
 
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig
+from engine.account import CoordinatorUnreachable, MemoryTokenStore
 from engine.control import ControlClient, ControlError, ControlServer, NodeControl
-from engine.node import (
-    UNAVAILABLE,
-    CoordinatorUnreachable,
-    MemoryTokenStore,
-    Volunteer,
-    VolunteerConfig,
-    join_local,
-)
+from engine.node import UNAVAILABLE, Volunteer, VolunteerConfig, join_local
 from engine.p2p import Identity, Peer, RemoteError
 from engine.resources import IdleReading, Readings, Settings, TokenBucket, load_settings
 from tests.integration.test_node_swarm import EXP, SETTINGS, full_coordinator, trainer_peer

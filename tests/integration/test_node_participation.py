@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 
 from coordinator.app import RunningCoordinator
+from engine.account import CoordinatorApi
 from engine.control import NodeControl
 from engine.control.credit import describe_credit
 from engine.dht import DHTNode
 from engine.dht.p2p_transport import PeerTransport
-from engine.node import CoordinatorApi, join_local
+from engine.node import join_local
 from engine.node.volunteer import CREDIT_MIN_AGE_S
 from engine.p2p import Identity, LinkConfig, Peer
 from engine.trainer import sign_receipt

@@ -12,9 +12,10 @@ import torch
 
 from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from engine.account import CoordinatorApi
 from engine.dht import DHTNode, get_experts
 from engine.dht.p2p_transport import PeerTransport
-from engine.node import CoordinatorApi, VolunteerConfig, join_local
+from engine.node import VolunteerConfig, join_local
 from engine.p2p import Identity, LinkConfig, Peer
 from engine.resources import Settings
 

@@ -17,7 +17,7 @@ from playwright.async_api import async_playwright, expect
 
 from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
-from engine.node.coordinator_api import CoordinatorApi
+from engine.account.coordinator_api import CoordinatorApi
 from engine.p2p.identity import Identity
 
 from .seed import XSS

@@ -18,7 +18,7 @@ The convention the docstrings follow:
   a comma; ``May import: nothing`` for none) lists what the package's own modules may import of the
   project (top-level ``engine``, ``coordinator``, ``app``, ``lah``) beyond the package itself. An entry
   allows that module or package and everything under it (``engine.node`` allows
-  ``engine.node.tokens``). Each subpackage's own line governs its own modules, so a parent's line grants
+  ``engine.node.home``). Each subpackage's own line governs its own modules, so a parent's line grants
   nothing to its subpackages. Third-party imports are not listed. Every import counts, the same way:
   module level, inside functions, under ``TYPE_CHECKING``, relative ones (resolved), and
   ``importlib.import_module`` with a constant name. ``from a.b import c`` imports ``a.b.c`` where that

@@ -22,8 +22,8 @@ from app.core.lifecycle import Done, Lifecycle, Phase, seconds_until_tomorrow
 from app.core.paths import AppPaths
 from app.core.presentation import View
 from app.core.registration import TokenPlace
+from engine.account.tokens import Credentials
 from engine.control import ControlError
-from engine.node.tokens import Credentials
 from engine.resources import Settings, load_settings, save_settings
 
 URL = "http://127.0.0.1:8470"

@@ -13,8 +13,8 @@ import keyring.core
 import pytest
 from keyring.backend import KeyringBackend
 
-from engine.node.tokens import KEYRING_SERVICE as NODE_SERVICE
-from engine.node.tokens import Credentials
+from engine.account.tokens import KEYRING_SERVICE as NODE_SERVICE
+from engine.account.tokens import Credentials
 from lah.train_credentials import KEYRING_SERVICE, TOKEN_FILE, TrainerCredentials
 from tests.app.locked_keyring import LockedKeyring
 

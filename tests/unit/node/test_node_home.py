@@ -13,11 +13,11 @@ import keyring
 import pytest
 from keyrings.alt.file import PlaintextKeyring
 
+from engine.account import FileTokenStore, keyring_place
 from engine.control.credit import describe_credit
 from engine.control.headless import add_limit_flags, flag, hint_for, limit_overrides
-from engine.node import FileTokenStore, NodeHome
+from engine.node import NodeHome
 from engine.node.participation import Participation
-from engine.node.tokens import keyring_place
 from engine.resources import Decision, Reason, SettingsError, State
 
 
@@ -67,19 +67,6 @@ def test_a_home_made_before_it_held_the_token_adopts_the_keyring_entry_once(tmp_
         assert "keyring.cfg" in keyring_place()
     finally:
         keyring.set_keyring(previous)
-
-
-def test_a_plaintext_key_file_is_named_as_the_file_it_is(tmp_path: Path) -> None:
-    backend = PlaintextKeyring()
-    backend.file_path = str(tmp_path / "keyring_pass.cfg")  # type: ignore[misc]
-    words = keyring_place(backend)
-    assert words.startswith("a plain-text key file, ") and str(tmp_path / "keyring_pass.cfg") in words
-    assert "not your system's keyring" in words
-
-    class SecretService:  # a real system keyring's backend has no file of its own
-        pass
-
-    assert keyring_place(SecretService()) == "your system's keyring (SecretService)"
 
 
 def _decision(reason: Reason) -> Decision:

@@ -1,4 +1,6 @@
-"""The node's pure parts: lock file, token stores, bind message, assignment parsing, work gate, status."""
+"""The node's pure parts: lock file, bind message, signaling URL, connection file, work gate, status, upkeep.
+
+The token stores and the assignment's parsing are the account layer's: tests/unit/account."""
 
 from __future__ import annotations
 
@@ -11,21 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.account import MemoryTokenStore
 from engine.control import ConnectionInfo, file_mode
-from engine.moe import ExpertSpec
-from engine.node import (
-    STATUS_KEYS,
-    UNAVAILABLE,
-    AlreadyRunning,
-    CoordinatorError,
-    Credentials,
-    FileTokenStore,
-    InstanceLock,
-    MemoryTokenStore,
-    Volunteer,
-    WorkGate,
-)
-from engine.node.coordinator_api import parse_assignment
+from engine.node import STATUS_KEYS, UNAVAILABLE, AlreadyRunning, InstanceLock, Volunteer, WorkGate
 from engine.p2p import CallContext, Handlers, Identity, RemoteError
 from engine.p2p.signaling import signaling_url_of
 from engine.resources import Settings
@@ -81,41 +71,6 @@ def test_connection_file_is_0600_and_round_trips(tmp_path: Path) -> None:
     assert file_mode(path) == 0o600
     assert ConnectionInfo.read(path) == info
     assert len(info.secret) == 64 and info.secret != ConnectionInfo.new_secret()
-
-
-def test_token_stores(tmp_path: Path) -> None:
-    creds = Credentials(7, "tok", 123.5)
-    assert Credentials.loads(creds.dumps()) == creds
-    assert Credentials.loads("{}") is None and Credentials.loads("nope") is None
-    file_store = FileTokenStore(tmp_path / "t" / "tokens.json")
-    for store in (MemoryTokenStore(), file_store):
-        assert store.get("http://c") is None
-        store.set("http://c", creds.dumps())
-        assert store.get("http://c") == creds.dumps()
-    assert file_mode(file_store.path) == 0o600
-
-
-def test_assignment_parsing() -> None:
-    expert = {"experiment": "ffn", "uid": "ffn.0.1", "spec": {"arch": "ffn", "dim": 16}, "expires_at": 5}
-    raw = {
-        "experts": [expert],
-        "bootstrap": ["ab" * 20],
-        "ttl_s": 3600,
-    }
-    got = parse_assignment(raw)
-    assert got.specs == {"ffn.0.1": ExpertSpec("ffn", 16)}
-    assert got.bootstrap == ("ab" * 20,)
-    with pytest.raises(CoordinatorError, match="bad_reply"):
-        parse_assignment({"experts": [{"uid": "x"}]})
-    bad_spec = {**expert, "spec": {"arch": "nope", "dim": 1}}
-    with pytest.raises(CoordinatorError):
-        parse_assignment({"experts": [bad_spec], "bootstrap": [], "ttl_s": 1})
-    # The coordinator's assignment proofs and key travel base64; anything else is a bad reply.
-    proven = parse_assignment({**raw, "experts": [{**expert, "proof": "AAEC"}], "coordinator_key": "AwQ="})
-    assert proven.experts[0].proof == b"\x00\x01\x02" and proven.coordinator_key == b"\x03\x04"
-    assert got.experts[0].proof == b"" and got.coordinator_key == b""
-    with pytest.raises(CoordinatorError, match="bad_reply"):
-        parse_assignment({**raw, "experts": [{**expert, "proof": "not base64!"}]})
 
 
 async def test_work_gate_refuses_at_once_and_drains() -> None:

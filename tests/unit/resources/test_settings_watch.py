@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from engine.account import MemoryTokenStore
 from engine.control import NodeControl
-from engine.node import MemoryTokenStore, Volunteer
+from engine.node import Volunteer
 from engine.p2p import Identity
 from engine.resources import (
     Settings,

@@ -15,9 +15,9 @@ from aiohttp.client_reqrep import ConnectionKey
 from torch import nn
 
 from coordinator.config import DenseModel, ExperimentConfig, LanguageModel
+from engine.account.errors import CoordinatorError, CoordinatorUnreachable
+from engine.account.trainer_tokens import default_trainer_dir
 from engine.moe import LoopThread, NotEnoughExperts, RemoteMixtureOfExperts, StaticExpertFinder
-from engine.node.errors import CoordinatorError, CoordinatorUnreachable
-from engine.node.trainer_tokens import default_trainer_dir
 from engine.swarm import (
     CoordinatorNotFound,
     LoginRequired,

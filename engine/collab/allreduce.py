@@ -17,6 +17,13 @@ Faults: a reducer that fails (call timeout, lost link, refused chunk, a reply of
 non-finite values) is named in the log; the rest of its slice keeps this member's local values. The
 reducer side excludes stalled or misbehaving senders (:mod:`reducer`). The whole round is bounded by
 ``round_timeout``; what has not been averaged by then stays local and the report says how much.
+
+Byzantine members: each reducer combines its part with CenteredClip (``robust``, :mod:`.robust`: radius,
+iterations, the bound it gives) rather than the mean, and refuses a weight above ``max_weight``
+(:class:`~.errors.WeightRefused`; this member never sends more than it, so honest members are never
+refused); refusals are counted in ``refusals``. ``robust=None`` is the plain weighted mean, undefended.
+Not checked here: that a reducer answers with what it computed (BTARD's verification by a second
+member, and accusations, are not built), nor the leader's group beyond its share cap (:mod:`matchmaking`).
 """
 
 from __future__ import annotations
@@ -33,10 +40,11 @@ from engine.p2p import CallContext, P2PError, Peer, RemoteError
 from engine.wire import Compression, Kind, Message, WireError, all_finite
 
 from .codec import ErrorFeedback, bytes_per_element
-from .errors import PartRejected
+from .errors import PartRejected, Refusals
 from .group import Group
 from .memory import pin_mmap_threshold, trim
-from .reducer import PartReducer
+from .reducer import MAX_WEIGHT, PartReducer
+from .robust import CenteredClipConfig
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +59,8 @@ class RoundReport:
     group_size: int
     seconds: float = 0.0
     excluded: dict[str, str] = field(default_factory=dict)  # senders my reducer dropped, with why
+    clipped: dict[str, int] = field(default_factory=dict)  # chunks of each sender my reducer clipped
+    outliers: dict[str, int] = field(default_factory=dict)  # ... that lay 10 radii away or more
     failed_reducers: dict[str, str] = field(default_factory=dict)  # reducers whose slice stayed local
     local_elements: int = 0  # elements that kept their local values
     bytes_sent: int = 0
@@ -69,6 +79,10 @@ class AllReduceConfig:
     stall_timeout: float = 10.0
     round_timeout: float = 120.0
     register_wait: float = 10.0  # how long a chunk waits for its round to start here
+    # A member's weight above this is refused (the optimizer sets 2 x its target batch size).
+    max_weight: float = MAX_WEIGHT
+    # CenteredClip on every part; None: the plain weighted mean (undefended).
+    robust: CenteredClipConfig | None = field(default_factory=CenteredClipConfig)
 
 
 class AllReduceService:
@@ -80,6 +94,7 @@ class AllReduceService:
         self._rounds: dict[str, PartReducer] = {}
         self._finished: deque[str] = deque(maxlen=FINISHED_ROUNDS_KEPT)
         self._registered = asyncio.Event()
+        self.refusals = Refusals()  # chunks refused by this peer's reducers, by kind and sender
         peer.handlers.add_unary(REDUCE, self._serve_reduce)
         pin_mmap_threshold()  # freed vectors and accumulators go back to the OS (see .memory)
 
@@ -116,7 +131,9 @@ class AllReduceService:
         chunk = msg.fields.get("chunk")
         weight = msg.fields.get("weight")
         if not isinstance(round_id, str) or not isinstance(chunk, int) or len(msg.tensors) != 1:
-            raise RemoteError("bad_request", "collab.reduce takes round, chunk, weight and one tensor")
+            why = "collab.reduce takes round, chunk, weight and one tensor"
+            self.refusals.note(PartRejected(why), ctx.peer_id, logger)
+            raise RemoteError("bad_request", why)
         reducer = await self._round(round_id)
         if reducer is None:
             raise RemoteError("unknown_round", f"no round {round_id!r} here (not started, or over)")
@@ -138,7 +155,9 @@ class AllReduceService:
         weight: float,
         feedback: ErrorFeedback | None = None,
     ) -> RoundReport:
-        """Average ``vector`` (flat, float32, contiguous) in place with ``group``, weighted by ``weight``."""
+        """Average ``vector`` (flat, float32, contiguous) in place with ``group``, weighted by ``weight``
+        (sent as :meth:`claimed_weight`)."""
+        weight = self.claimed_weight(weight)
         if vector.dtype != torch.float32 or vector.dim() != 1 or vector.numel() != group.vector_size:
             raise ValueError(f"vector must be flat float32 of {group.vector_size} elements")
         me = group.index(self.me)
@@ -149,7 +168,15 @@ class AllReduceService:
             feedback = ErrorFeedback(vector.numel(), group.compression)
         reducer = None
         if group.parts[me] > 0:
-            reducer = PartReducer(group, self.me, self.config.chunk, self.config.stall_timeout)
+            reducer = PartReducer(
+                group,
+                self.me,
+                self.config.chunk,
+                self.config.stall_timeout,
+                max_weight=self.config.max_weight,
+                robust=self.config.robust,
+                refusals=self.refusals,
+            )
             self._rounds[group.round_id] = reducer
             self._registered.set()
             self._registered = asyncio.Event()
@@ -174,6 +201,8 @@ class AllReduceService:
             if reducer is not None:
                 reducer.stop()
                 report.excluded = dict(reducer.excluded)
+                report.clipped = dict(reducer.clipped)
+                report.outliers = dict(reducer.outliers)
                 if reducer.complete.is_set():
                     # Every live member's chunks are in and every average is handed out (replies
                     # still being sent hold views of theirs): the accumulator goes now, not after
@@ -192,6 +221,11 @@ class AllReduceService:
                 report.local_elements += min(hi - lo, left * self.config.chunk)
         report.seconds = time.monotonic() - started
         return report
+
+    def claimed_weight(self, weight: float) -> float:
+        """The weight this member sends: at most ``max_weight``, the bound every reducer refuses
+        above (so an honest member is never refused; a test or benchmark's attacker overrides it)."""
+        return min(float(weight), self.config.max_weight)
 
     def _forget(self, round_id: str) -> None:
         if self._rounds.pop(round_id, None) is not None:
@@ -220,8 +254,12 @@ class AllReduceService:
         chunk = self.config.chunk
         if reducer_id == self.me:
             local = self._rounds[group.round_id]
-            for c in range(n):
-                local.add(self.me, c, vector[lo + c * chunk : min(hi, lo + (c + 1) * chunk)], weight)
+            try:
+                for c in range(n):
+                    local.add(self.me, c, vector[lo + c * chunk : min(hi, lo + (c + 1) * chunk)], weight)
+            except PartRejected as e:  # our own values refused (non-finite): the others go on without us
+                report.failed_reducers[self.me] = f"our own part was refused: {e}"
+                return
             for c in range(n):
                 a, b = lo + c * chunk, min(hi, lo + (c + 1) * chunk)
                 try:

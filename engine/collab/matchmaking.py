@@ -17,6 +17,14 @@ Wire::
 
 ``samples`` (optional, default 0): what the joiner brings to the round; the group carries their sum, so
 every member scales its step by the same epoch size.
+
+Claims are bounded (:func:`freeze_group`): parts come from the claimed bandwidths under the share cap
+of :func:`~.partition.balance_parts`, and each member's samples count for at most ``max_share(n)`` of
+the target batch size (``target_batch_size``; 0: unbounded), so one member's claim moves the epoch's
+size, and the step scale, by at most ``2 / n`` of the target (not to its 2x cap). A follower checks the
+leader's group against the same bounds and refuses one that breaks them (:class:`~.errors.GroupRefused`):
+a part above the share cap, samples above ``n`` capped shares. That a leader named only itself a
+reducer, or left someone out, is not checked.
 """
 
 from __future__ import annotations
@@ -35,9 +43,10 @@ from engine.dht import DHTError, DHTNode
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
 from engine.wire import Compression, Kind, Message
 
-from .errors import GroupClosed, MatchmakingFailed
+from .errors import GroupClosed, GroupRefused, MatchmakingFailed, Refusals
 from .group import MAX_GROUP_SIZE, Group, decode_group, encode_group
 from .partition import balance_parts
+from .robust import max_share
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +67,7 @@ class MatchmakingConfig:
     join_timeout: float = 20.0
     ttl_s: float = 120.0
     compression: Compression = Compression.NONE
+    target_batch_size: int = 0  # bounds each member's counted samples (0: unbounded); set by the optimizer
 
 
 @dataclass
@@ -83,6 +93,40 @@ def group_key(run: str, epoch: int) -> str:
     return f"{run}.group.{epoch}"
 
 
+def samples_cap(n: int, target: int) -> int:
+    """The most samples one of ``n`` members may count for in a group (``target`` 0: unbounded)."""
+    return math.ceil(max_share(n) * target) if target > 0 else 2**53 - 1
+
+
+def freeze_group(
+    round_id: str,
+    members: list[str],
+    info: list[tuple[float, bool, int]],
+    size: int,
+    compression: Compression,
+    target: int = 0,
+) -> Group:
+    """The group a leader hands out: ``info`` is each member's (bandwidth, client, samples) claim.
+    Pure, so a benchmark or a test forms exactly the group the leader would."""
+    bandwidths = [0.0 if client else max(bw, 1e-9) for bw, client, _ in info]
+    if not any(bandwidths):
+        bandwidths[0] = 1.0  # somebody must reduce: the leader does
+    cap = samples_cap(len(members), target)
+    samples = min(sum(min(n, cap) for _, _, n in info), 2**53 - 1)
+    return Group(round_id, tuple(members), balance_parts(size, bandwidths), compression, samples)
+
+
+def check_group(group: Group, target: int = 0) -> None:
+    """GroupRefused if a leader's group breaks the bounds :func:`freeze_group` keeps."""
+    n = len(group.members)
+    reducers = sum(1 for p in group.parts if p > 0)
+    limit = math.ceil(max_share(n, reducers) * group.vector_size)
+    if group.parts and max(group.parts) > limit:
+        raise GroupRefused(f"a part of {max(group.parts)} elements, above the share cap of {limit}")
+    if target > 0 and group.samples > n * samples_cap(n, target):
+        raise GroupRefused(f"{group.samples} samples, above {n} members' bound of {samples_cap(n, target)}")
+
+
 class Matchmaker:
     def __init__(self, peer: Peer, dht: DHTNode, run: str, config: MatchmakingConfig | None = None) -> None:
         self.peer = peer
@@ -91,6 +135,8 @@ class Matchmaker:
         self.config = config or MatchmakingConfig()
         self._leads: dict[int, _Lead] = {}
         self._started = asyncio.Event()
+        self.refusals = Refusals()  # joins and groups refused, by kind and sender
+        self.capped: dict[str, int] = {}  # joiners whose samples claim was cut to the bound, how often
         # Peers known gone (link lost, a call failed): never taken as leader nor waited for. The
         # owner (the optimizer) decides what "gone" means; ``unreachable`` tells it of a failed leader.
         self.is_gone: Callable[[str], bool] = lambda _peer: False
@@ -176,15 +222,17 @@ class Matchmaker:
     def _freeze(self, lead: _Lead) -> Group:
         members = [self.me, *sorted(lead.joiners)]
         info = [(lead.bandwidth, lead.client, lead.samples), *(lead.joiners[m] for m in members[1:])]
-        bandwidths = [0.0 if client else max(bw, 1e-9) for bw, client, _ in info]
-        samples = min(sum(n for _, _, n in info), 2**53 - 1)
-        if not any(bandwidths):
-            bandwidths[0] = 1.0  # somebody must reduce: the leader does
-        parts = balance_parts(lead.size, bandwidths)
+        target = self.config.target_batch_size
+        cap = samples_cap(len(members), target)
+        for m, (_, _, n) in zip(members, info, strict=True):
+            if n > cap:
+                self.capped[m] = self.capped.get(m, 0) + 1
+                logger.info("epoch %d: %s claims %d samples, counted as %d", lead.epoch, m, n, cap)
         round_id = f"{self.run}/{lead.epoch}/{self.me[:16]}"
+        group = freeze_group(round_id, members, info, lead.size, self.config.compression, target)
         if len(members) > 1:
-            logger.info("round %s: group of %d, parts %s", round_id, len(members), parts)
-        return Group(round_id, tuple(members), parts, self.config.compression, samples)
+            logger.info("round %s: group of %d, parts %s", round_id, len(members), group.parts)
+        return group
 
     async def _join(self, leader: str, lead: _Lead) -> Group:
         fields = {
@@ -212,6 +260,11 @@ class Matchmaker:
             group = decode_group(reply.fields.get("group"))
             if self.me not in group.members or group.vector_size != lead.size:
                 raise MatchmakingFailed(f"epoch {lead.epoch}: leader {leader[:12]} sent a group without us")
+            try:
+                check_group(group, self.config.target_batch_size)
+            except GroupRefused as e:
+                self.refusals.note(e, leader, logger)
+                raise
             return group
         raise MatchmakingFailed(f"epoch {lead.epoch}: more than {MAX_REDIRECTS} redirects")
 
@@ -231,7 +284,9 @@ class Matchmaker:
             or isinstance(samples, bool)
             or not 0 <= samples < 2**53
         ):
-            raise RemoteError("bad_request", "collab.join takes run, epoch, bandwidth, client, size, samples")
+            why = "collab.join takes run, epoch, bandwidth, client, size, samples"
+            self.refusals.note(MatchmakingFailed(why), ctx.peer_id, logger)
+            raise RemoteError("bad_request", why)
         lead = await self._lead_for(epoch)
         if lead is None:
             raise RemoteError("not_matching", f"not matchmaking for epoch {epoch}")

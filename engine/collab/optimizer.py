@@ -17,6 +17,13 @@ taken alone, a round that kept local values). A peer that could not get
 into a group, or whose round lost a reducer, steps with its local gradient for what was not averaged and
 logs so. After a step a donor snapshots its state for newcomers (:mod:`state`). A peer that finds the
 collaboration ahead of it downloads the state instead of stepping.
+
+Claims bounded: this peer's weight in a round is its samples, sent as at most ``2 x target_batch_size``
+(``allreduce.max_weight``, unless set: every reducer refuses more, so no honest member is refused; a
+round's step scale is capped at 2x too); reducers combine parts with CenteredClip (``allreduce.robust``);
+the leader counts each member's samples for at most its share of the target
+(``matchmaking.target_batch_size``); a state download takes the majority's state, bounded by this
+model's size. :attr:`CollaborativeOptimizer.refusals` sums what was refused, by kind and sender.
 """
 
 from __future__ import annotations
@@ -39,10 +46,11 @@ from engine.wire import Compression
 
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
 from .codec import ErrorFeedback
-from .errors import GroupClosed, MatchmakingFailed, StateDownloadFailed
+from .errors import GroupClosed, MatchmakingFailed, Refusals, StateDownloadFailed
 from .group import Group
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .progress import CollabProgress
+from .reducer import MAX_WEIGHT
 from .state import DownloadReport, StateDonor, download_state, load_snapshot, take_snapshot
 from .tracker import ProgressTracker
 
@@ -135,6 +143,9 @@ class CollaborativeOptimizer:
         self.dht = dht
         self.config = config
         config.matchmaking.compression = config.compression
+        config.matchmaking.target_batch_size = config.target_batch_size
+        if config.allreduce.max_weight == MAX_WEIGHT:  # not set: twice the target, the step scale's cap
+            config.allreduce.max_weight = 2.0 * config.target_batch_size
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.size = sum(p.numel() for p in self.params)
         self.grad = torch.zeros(self.size, dtype=torch.float32)
@@ -159,6 +170,15 @@ class CollaborativeOptimizer:
         self.matchmaker.is_gone = lambda peer_id: peer_id in self.tracker.view.gone
         self.matchmaker.unreachable = self.peer_gone
         peer.link_lost.append(self.peer_gone)
+
+    @property
+    def refusals(self) -> Refusals:
+        """Every refusal of another peer's claim so far: chunks, joins and groups, state manifests."""
+        out = Refusals()
+        for part in (self.service.refusals, self.matchmaker.refusals, *(d.refusals for d in self.downloads)):
+            out.by_kind.update(part.by_kind)
+            out.by_sender.update(part.by_sender)
+        return out
 
     def peer_gone(self, peer_id: str) -> None:
         """A peer's link was lost or a call to it failed: stop counting its progress, waiting for it in
@@ -193,7 +213,7 @@ class CollaborativeOptimizer:
         if min_epoch and self.donor is not None and self.donor.snapshot is not None:
             unlike = self.donor.snapshot.manifest_hash
         manifest, blob, report = await download_state(
-            self.peer, self.dht, self.config.run, min_epoch=min_epoch, unlike=unlike
+            self.peer, self.dht, self.config.run, min_epoch=min_epoch, unlike=unlike, model=self.model
         )
         load_snapshot(self.model, self.optimizer, manifest, blob)
         self.epoch = manifest.epoch

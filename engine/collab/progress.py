@@ -16,6 +16,17 @@ future on everyone else's clock (:func:`clock_offset`, bounded by ``MAX_CLOCK_OF
 
 A replayed record (an owner's older seq, served by a replica after a newer one was seen) is refused by
 :class:`ProgressView`; a record not refreshed for ``stale_after_s`` on our clock is counted as gone.
+
+Progress is claimed, not counted: a signed record says what its writer says. So no writer counts for
+more than ``max_share(n)`` of the target (:func:`~.robust.max_share`: ``2 / n`` of it among ``n`` peers
+in the epoch; all of it for one or two peers), and a writer's ``due`` closes the epoch only once the
+capped samples reach ``DUE_SHARE`` (half) of the target. One peer of five claiming 2^53 samples counts
+for 2/5 of the target, so the others must still bring 3/5 of it; claiming ``due`` as well, it closes an
+epoch once they bring 1/10. An honest peer stops to step when it counts more than the target less half
+a batch (``holds_back``), which is above half the target for any batch up to the target: honest ``due``
+flags are counted as before. A claimed rate is not capped (the decoder bounds it at 1e7/s): it sets the
+ETA and how often a peer publishes, and what it extrapolates falls under the writer's cap. Verifying
+the samples themselves needs replayable batches (not built).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ import msgspec
 from engine.dht.records import Record
 
 from .errors import BadProgress
+from .robust import max_share
 
 __all__ = [
     "MAX_CLOCK_OFFSET_S",
@@ -46,6 +58,7 @@ __all__ = [
 MAX_CLOCK_OFFSET_S = 3600.0
 MAX_SAMPLES_PER_SECOND = 1e7
 MAX_SAMPLES = 2**53
+DUE_SHARE = 0.5  # a due flag closes the epoch once the capped samples reach this share of the target
 
 
 class LocalProgress(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
@@ -174,7 +187,8 @@ class CollabProgress:
     samples_per_second: float  # of the peers in that epoch
     peers: int  # active peers in that epoch
     eta_s: float  # seconds until samples reaches target at the current rate (0 when ready; inf if idle)
-    due: int = 0  # peers in that epoch that stopped accumulating to step: the epoch is closed
+    due: int = 0  # peers in that epoch that stopped to step, counted once the samples reach DUE_SHARE
+    capped: int = 0  # peers whose claimed samples were cut to their share of the target
 
     @property
     def ready(self) -> bool:
@@ -196,11 +210,15 @@ def derive_progress(
     epochs = sorted((s.progress.epoch for s in peers.values()), reverse=True)
     epoch = epochs[(len(epochs) + 1) // 2 - 1]
     current = [s for s in peers.values() if s.progress.epoch == epoch]
+    cap = max_share(len(current)) * target  # what one writer's claims may count for
     samples = 0.0
     rate = 0.0
+    capped = 0
     for s in current:
         elapsed = min(max(0.0, now - s.first_seen), max_extrapolation_s)
-        samples += s.progress.samples + s.progress.samples_per_second * elapsed
+        claimed = s.progress.samples + s.progress.samples_per_second * elapsed
+        capped += claimed > cap
+        samples += min(claimed, cap)
         rate += s.progress.samples_per_second
     if samples >= target:
         eta = 0.0
@@ -208,8 +226,8 @@ def derive_progress(
         eta = (target - samples) / rate
     else:
         eta = math.inf
-    due = sum(1 for s in current if s.progress.due)
-    return CollabProgress(epoch, samples, target, rate, len(current), eta, due)
+    due = sum(1 for s in current if s.progress.due) if samples >= DUE_SHARE * target else 0
+    return CollabProgress(epoch, samples, target, rate, len(current), eta, due, capped)
 
 
 def clock_offset(peers: Mapping[str, Seen], me: str) -> float:

@@ -3,13 +3,25 @@ several donors at once, in parts, each checked against a hash the donors' signed
 
 A donor keeps a snapshot of its state after each step: the tensors' bytes back to back (``blob``) and a
 :class:`Manifest` (tensor names, dtypes, shapes, and the SHA-256 of each ``part_bytes`` slice). It
-publishes ``(epoch, sha256(manifest))`` in its own signed slot under ``<run>.state``. Members that took
-identical steps hold bit-identical state, so their records agree.
+publishes ``(epoch, sha256(manifest))`` in its own signed slot under ``<run>.state``, with the previous
+snapshot's pair it still serves. Members that took identical steps hold bit-identical state, so their
+records agree.
 
-The downloader takes the newest epoch and, within it, the manifest hash most donors vouch for; fetches
-the manifest from one of them (checked against that hash); then fetches parts from every such donor in
-parallel. A part whose hash differs came from a corrupt donor: it is named in the log, never asked again,
-and the part is fetched from another.
+The downloader takes the newest ``(epoch, manifest hash)`` that more than half of the donors (distinct
+peers: the DHT gives each signer one slot) vouch for, as their current or previous snapshot, not the
+highest epoch anyone claims: one record at epoch 10^9 is one vote, and three honest donors outvote
+it. Donors mid-step (some at ``e + 1``, the rest at ``e``) all still vouch for ``e``. Without such a
+majority nothing is taken (:class:`~.errors.NoStateMajority`): as many liars as honest donors can stop
+a newcomer from taking state, not make it take theirs. Sybils (many peer ids of one attacker) are the
+coordinator's accounts' business, not checked here.
+
+The manifest is fetched from one of those donors (checked against the agreed hash) and then checked
+against this peer's own model before anything is allocated (:func:`check_manifest`): every parameter
+named with this model's shape and dtype, and ``total_bytes`` the sum of its entries and at most
+:func:`state_bytes_bound` (the parameters plus at most ``OPTIMIZER_COPIES`` copies of them and a few
+scalars each; :class:`~.errors.ManifestRefused` otherwise: a manifest of 2^50 bytes is refused, not
+allocated). Then parts are fetched from every such donor in parallel. A part whose hash differs came
+from a corrupt donor: it is named in the log, never asked again, and the part is fetched from another.
 
 Wire::
 
@@ -35,13 +47,17 @@ from engine.dht import DHTError, DHTNode
 from engine.p2p import CallContext, P2PError, Peer, RemoteError
 from engine.wire import Kind, Message, WireError
 
-from .errors import CorruptPart, StateDownloadFailed
+from .errors import CorruptPart, ManifestRefused, NoStateMajority, Refusals, StateDownloadFailed
 
 logger = logging.getLogger(__name__)
 
 STATE_MANIFEST = "collab.state_manifest"
 STATE_PART = "collab.state_part"
 PART_BYTES = 1 << 18
+MAX_PART_BYTES = 1 << 24
+OPTIMIZER_COPIES = 3  # floating state tensors per parameter at most (Adam: 2; AMSGrad: 3)
+SCALAR_BYTES = 64  # per parameter, for its optimizer's scalar state (a step count)
+MAX_UNCHECKED_BYTES = 1 << 34  # a download without a model to check against takes at most 16 GiB
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16, "int64": torch.int64}
 
 
@@ -63,6 +79,14 @@ class Manifest(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fiel
 class StateRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     epoch: int
     manifest_hash: bytes
+    previous_epoch: int = -1  # the snapshot before, still served (-1: none)
+    previous_hash: bytes = b""
+
+    def vouches(self) -> list[tuple[int, bytes]]:
+        out = [(self.epoch, self.manifest_hash)]
+        if self.previous_epoch >= 0 and self.previous_epoch != self.epoch:
+            out.append((self.previous_epoch, self.previous_hash))
+        return out
 
 
 def state_key(run: str) -> str:
@@ -122,6 +146,51 @@ def take_snapshot(
     manifest = Manifest(run, epoch, part_bytes, len(blob), entries, hashes)
     raw = encode_manifest(manifest)
     return Snapshot(manifest, blob, raw, hashlib.sha256(raw).digest())
+
+
+def state_bytes_bound(model: nn.Module) -> int:
+    """The most bytes a snapshot of ``model`` with its optimizer's state can take: the parameters, at
+    most ``OPTIMIZER_COPIES`` tensors of each one's size, and ``SCALAR_BYTES`` each for scalars."""
+    params = list(model.parameters())
+    param_bytes = sum(p.numel() * p.element_size() for p in params)
+    return param_bytes * (1 + OPTIMIZER_COPIES) + SCALAR_BYTES * len(params)
+
+
+def check_manifest(manifest: Manifest, run: str, epoch: int, model: nn.Module | None) -> None:
+    """ManifestRefused unless ``manifest`` could describe ``model``'s state of ``run`` at ``epoch``:
+    sizes bounded by the model's own before anything is allocated, parameters of its shapes. Without
+    a model only its own consistency is checked (and its size against ``MAX_UNCHECKED_BYTES``)."""
+    bound = state_bytes_bound(model) if model is not None else MAX_UNCHECKED_BYTES
+    if manifest.run != run or manifest.epoch != epoch:
+        raise ManifestRefused(f"manifest of {manifest.run!r} epoch {manifest.epoch}, not {run!r} {epoch}")
+    if not 0 <= manifest.total_bytes <= bound:
+        raise ManifestRefused(f"manifest of {manifest.total_bytes} bytes; this model's state is <= {bound}")
+    if not 0 < manifest.part_bytes <= MAX_PART_BYTES:
+        raise ManifestRefused(f"part size {manifest.part_bytes} out of (0, {MAX_PART_BYTES}]")
+    if len(manifest.part_hashes) != -(-manifest.total_bytes // manifest.part_bytes):
+        raise ManifestRefused("manifest part count does not match its size")
+    if any(len(h) != 32 for h in manifest.part_hashes):
+        raise ManifestRefused("part hashes are not SHA-256")
+    params = dict(model.named_parameters()) if model is not None else {}
+    total = 0
+    seen: set[str] = set()
+    for e in manifest.tensors:
+        dtype = DTYPES.get(e.dtype)
+        if dtype is None or any(d < 0 for d in e.shape) or e.name in seen:
+            raise ManifestRefused(f"manifest entry {e.name} is malformed")
+        seen.add(e.name)
+        total += math.prod(e.shape) * torch.empty(0, dtype=dtype).element_size()
+        if total > bound:
+            raise ManifestRefused(f"manifest entries of more than {bound} bytes")
+        if model is not None and e.name.startswith("param."):
+            p = params.get(e.name[len("param.") :])
+            if p is None or tuple(p.shape) != tuple(e.shape) or p.dtype != dtype:
+                raise ManifestRefused(f"state parameter {e.name} does not fit this model")
+    if total != manifest.total_bytes:
+        raise ManifestRefused(f"entries of {total} bytes in a manifest of {manifest.total_bytes}")
+    wanted = {f"param.{n}" for n in params}
+    if wanted - seen:
+        raise ManifestRefused(f"manifest lacks {len(wanted - seen)} of this model's parameters")
 
 
 def load_snapshot(
@@ -186,7 +255,11 @@ class StateDonor:
         self.snapshots[snapshot.manifest.epoch] = snapshot
         for old in sorted(self.snapshots)[:-2]:
             del self.snapshots[old]
-        record = msgspec.msgpack.encode(StateRecord(snapshot.manifest.epoch, snapshot.manifest_hash))
+        before = [s for e, s in self.snapshots.items() if e < snapshot.manifest.epoch]
+        prev = (before[-1].manifest.epoch, before[-1].manifest_hash) if before else (-1, b"")
+        record = msgspec.msgpack.encode(
+            StateRecord(snapshot.manifest.epoch, snapshot.manifest_hash, prev[0], prev[1])
+        )
         try:
             await self.dht.store(state_key(self.run), record, self.dht.clock() + self.ttl_s)
         except DHTError as e:
@@ -220,16 +293,25 @@ class DownloadReport:
     failed: dict[str, str] = field(default_factory=dict)
     parts_from: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0
+    refusals: Refusals = field(default_factory=Refusals)  # manifests refused, by kind and donor
 
 
 def choose_state(records: dict[str, StateRecord]) -> tuple[int, bytes, list[str]]:
-    """Newest epoch; within it the manifest hash most donors vouch for (ties: smallest hash). Pure."""
+    """The newest (epoch, manifest hash) more than half of the donors vouch for, and those donors
+    (each record one donor: the DHT gives each signer one slot). NoStateMajority if none. Pure."""
     if not records:
         raise StateDownloadFailed("no donor has published state")
-    epoch = max(r.epoch for r in records.values())
-    votes = Counter(r.manifest_hash for r in records.values() if r.epoch == epoch)
-    best = min(votes, key=lambda h: (-votes[h], h))
-    donors = sorted(o for o, r in records.items() if r.epoch == epoch and r.manifest_hash == best)
+    votes: Counter[tuple[int, bytes]] = Counter()
+    for r in records.values():
+        votes.update(set(r.vouches()))
+    agreed = [pair for pair, n in votes.items() if 2 * n > len(records)]
+    if not agreed:
+        top = max(votes.values())
+        raise NoStateMajority(
+            f"no state is vouched for by more than half of {len(records)} donors (best: {top})"
+        )
+    epoch, best = max(agreed, key=lambda pair: (pair[0], votes[pair], pair[1]))
+    donors = sorted(o for o, r in records.items() if (epoch, best) in r.vouches())
     return epoch, best, donors
 
 
@@ -250,9 +332,17 @@ async def read_state_records(dht: DHTNode, run: str, exclude: str) -> dict[str, 
 
 
 async def download_state(
-    peer: Peer, dht: DHTNode, run: str, *, timeout: float = 30.0, min_epoch: int = 0, unlike: bytes = b""
+    peer: Peer,
+    dht: DHTNode,
+    run: str,
+    *,
+    timeout: float = 30.0,
+    min_epoch: int = 0,
+    unlike: bytes = b"",
+    model: nn.Module | None = None,
 ) -> tuple[Manifest, bytearray, DownloadReport]:
-    """``min_epoch``: refuse older state; ``unlike``: nothing to do if the agreed hash is this one."""
+    """``min_epoch``: refuse older state; ``unlike``: nothing to do if the agreed hash is this one;
+    ``model``: the model the state is for, which bounds the manifest (:func:`check_manifest`)."""
     started = time.monotonic()
     epoch, digest, donors = choose_state(await read_state_records(dht, run, exclude=peer.peer_id))
     if epoch < min_epoch:
@@ -268,8 +358,14 @@ async def download_state(
             raw = reply.fields.get("manifest")
             if not isinstance(raw, bytes) or hashlib.sha256(raw).digest() != digest:
                 raise CorruptPart(f"manifest from {donor} does not match the agreed hash")
-            manifest = msgspec.msgpack.decode(raw, type=Manifest)
+            got = msgspec.msgpack.decode(raw, type=Manifest)
+            check_manifest(got, run, epoch, model)
+            manifest = got
             break
+        except ManifestRefused as e:
+            # the majority vouches for it, so every such donor serves the same one: stop here
+            report.refusals.note(e, donor, logger)
+            raise
         except CorruptPart as e:
             logger.warning("state download: %s", e)
             report.corrupt.append(donor)
@@ -278,8 +374,6 @@ async def download_state(
     if manifest is None:
         raise StateDownloadFailed(f"no donor of epoch {epoch} served the agreed manifest")
     n_parts = len(manifest.part_hashes)
-    if manifest.part_bytes <= 0 or n_parts != -(-manifest.total_bytes // manifest.part_bytes):
-        raise StateDownloadFailed("manifest part count does not match its size")
     blob = bytearray(manifest.total_bytes)
     queue: asyncio.Queue[int] = asyncio.Queue()
     for i in range(n_parts):

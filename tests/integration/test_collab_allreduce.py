@@ -1,5 +1,6 @@
-"""Butterfly all-reduce over real aiortc links on loopback: averages, compression, and faults
-(wrong-size and non-finite parts, a member that leaves mid-round, a peer that is not in the round)."""
+"""Butterfly all-reduce over real aiortc links on loopback: averages (the plain weighted mean, and the
+default CenteredClip with bounded weights), compression, and faults (wrong-size and non-finite parts, a
+member that leaves mid-round, a peer that is not in the round)."""
 
 import asyncio
 import logging
@@ -7,8 +8,9 @@ import logging
 import pytest
 import torch
 
-from engine.collab import AllReduceConfig, AllReduceService, Group, balance_parts
+from engine.collab import AllReduceConfig, AllReduceService, CenteredClipConfig, Group, balance_parts
 from engine.collab.allreduce import REDUCE
+from engine.collab.robust import bounded_weights, centered_clip
 from engine.p2p import Peer, RemoteError
 from engine.wire import Compression
 from tests.integration.conftest import MakePeer
@@ -17,8 +19,15 @@ SIZE = 20_000
 CHUNK = 2048
 
 
-async def services(make_peer: MakePeer, n: int, stall: float = 3.0) -> list[AllReduceService]:
-    config = AllReduceConfig(chunk=CHUNK, window=3, stall_timeout=stall, round_timeout=60, register_wait=10)
+DEFAULT = CenteredClipConfig()
+
+
+async def services(
+    make_peer: MakePeer, n: int, stall: float = 3.0, robust: CenteredClipConfig | None = DEFAULT
+) -> list[AllReduceService]:
+    config = AllReduceConfig(
+        chunk=CHUNK, window=3, stall_timeout=stall, round_timeout=60, register_wait=10, robust=robust
+    )
     peers = [await make_peer() for _ in range(n)]
     # connect every pair up front so that dialing does not count against the stall timeout
     await asyncio.gather(*(a.connect(b.peer_id) for i, a in enumerate(peers) for b in peers[i + 1 :]))
@@ -30,15 +39,30 @@ def make_group(svcs: list[AllReduceService], bandwidths: list[float], comp: Comp
     return Group("run/1/test", members, balance_parts(SIZE, bandwidths), comp)
 
 
-@pytest.mark.parametrize("comp", [Compression.NONE, Compression.INT8])
-async def test_weighted_average_with_a_client(make_peer: MakePeer, comp: Compression) -> None:
-    svcs = await services(make_peer, 4)
+@pytest.mark.parametrize(
+    ("comp", "robust"),
+    [(Compression.NONE, None), (Compression.INT8, None), (Compression.NONE, DEFAULT)],
+    ids=["mean", "mean-int8", "centered-clip"],
+)
+async def test_weighted_average_with_a_client(
+    make_peer: MakePeer, comp: Compression, robust: CenteredClipConfig | None
+) -> None:
+    svcs = await services(make_peer, 4, robust=robust)
     group = make_group(svcs, [1.0, 2.0, 1.0, 0.0], comp)  # the last member is a client
     assert group.parts[3] == 0 and all(group.parts[:3])
     torch.manual_seed(0)
     vectors = [torch.randn(SIZE) for _ in svcs]
     weights = [1.0, 2.0, 3.0, 4.0]
-    expected = sum(w * v for w, v in zip(weights, vectors, strict=True)) / sum(weights)
+    if robust is None:  # the plain weighted mean
+        expected = sum(w * v for w, v in zip(weights, vectors, strict=True)) / sum(weights)
+    else:  # every reducer's chunks combined by CenteredClip, weights bounded by the median's
+        expected = torch.empty(SIZE)
+        bounded = bounded_weights(weights, robust.weight_to_median)
+        for j in range(3):
+            lo, hi = group.part_range(j)
+            for a in range(lo, hi, CHUNK):
+                b = min(hi, a + CHUNK)
+                expected[a:b] = centered_clip([v[a:b] for v in vectors], bounded, robust)[0]
     work = [v.clone() for v in vectors]
     reports = await asyncio.wait_for(
         asyncio.gather(*(s.all_reduce(group, w, wt) for s, w, wt in zip(svcs, work, weights, strict=True))),

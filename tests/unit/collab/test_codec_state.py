@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from engine.collab.codec import ErrorFeedback, roundtrip
-from engine.collab.errors import StateDownloadFailed
+from engine.collab.errors import NoStateMajority, StateDownloadFailed
 from engine.collab.state import StateRecord, choose_state, load_snapshot, take_snapshot
 from engine.wire import Compression
 
@@ -75,13 +75,20 @@ def test_snapshot_that_does_not_fit_is_refused() -> None:
         load_snapshot(model, opt, snap.manifest, bytearray(snap.blob[:-4]))
 
 
-def test_choose_state_takes_newest_epoch_and_majority_hash() -> None:
+def test_choose_state_takes_the_newest_state_a_majority_vouches_for() -> None:
     records = {
-        "a": StateRecord(5, b"h1"),
-        "b": StateRecord(5, b"h1"),
-        "c": StateRecord(5, b"h2"),
-        "d": StateRecord(4, b"h0"),
+        "a": StateRecord(5, b"h1", 4, b"h0"),
+        "b": StateRecord(5, b"h1", 4, b"h0"),
+        "c": StateRecord(5, b"h2", 4, b"h0"),  # a donor whose epoch-5 state differs
+        "d": StateRecord(4, b"h0", 3, b"hx"),  # not yet stepped
     }
-    assert choose_state(records) == (5, b"h1", ["a", "b"])
+    # 2 of 4 for (5, h1) is no majority; all four still vouch for (4, h0): that is taken
+    assert choose_state(records) == (4, b"h0", ["a", "b", "c", "d"])
+    records["c"] = StateRecord(5, b"h1", 4, b"h0")
+    assert choose_state(records) == (5, b"h1", ["a", "b", "c"])
     with pytest.raises(StateDownloadFailed):
         choose_state({})
+    # records without a previous snapshot (the first epoch, or an older donor's wire form) vote once
+    assert choose_state({"a": StateRecord(1, b"h"), "b": StateRecord(1, b"h")}) == (1, b"h", ["a", "b"])
+    with pytest.raises(NoStateMajority):
+        choose_state({"a": StateRecord(1, b"h"), "b": StateRecord(2, b"g")})

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from typing import Any
 
 import pytest
 import torch
@@ -9,15 +10,20 @@ import torch
 from engine.collab.errors import PartRejected
 from engine.collab.group import Group
 from engine.collab.reducer import PartReducer
+from engine.collab.robust import CenteredClipConfig, bounded_weights, centered_clip
 from engine.wire import Compression
+
+MEAN: dict[str, Any] = {"robust": None}  # the plain weighted mean, undefended
+CONFIG = CenteredClipConfig()
 
 
 def group(comp: Compression = Compression.NONE) -> Group:
     return Group("r1", ("me", "a", "b"), (10, 0, 0), comp)
 
 
-async def test_weighted_average_in_chunks() -> None:
-    r = PartReducer(group(), "me", chunk=4, stall_timeout=5)
+@pytest.mark.parametrize("robust", [False, True], ids=["mean", "centered-clip"])
+async def test_weighted_average_in_chunks(robust: bool) -> None:
+    r = PartReducer(group(), "me", chunk=4, stall_timeout=5, **({} if robust else MEAN))
     r.start()
     assert r.n_chunks == 3
     for c, (lo, hi) in enumerate([(0, 4), (4, 8), (8, 10)]):
@@ -25,7 +31,15 @@ async def test_weighted_average_in_chunks() -> None:
         r.add("a", c, torch.full((hi - lo,), 4.0), 2.0)
         r.add("b", c, torch.full((hi - lo,), 0.0), 0.0)
     results = [await r.result("a", c) for c in range(3)]
-    assert torch.allclose(torch.cat(results), torch.full((10,), 3.0))
+    if robust:  # CenteredClip of each chunk, "a" counted as the median member (weight 1.5, not 2)
+        for c, (lo, hi) in enumerate([(0, 4), (4, 8), (8, 10)]):
+            xs = [torch.full((hi - lo,), v) for v in (1.0, 4.0, 0.0)]
+            assert torch.equal(
+                results[c], centered_clip(xs, bounded_weights([1.0, 2.0, 0.0], 1.0), CONFIG)[0]
+            )
+        assert bool(((results[0] > 1.0) & (results[0] < 4.0)).all())
+    else:
+        assert torch.allclose(torch.cat(results), torch.full((10,), 3.0))
     assert r.complete.is_set() and not r.excluded
     r.stop()
 
@@ -113,15 +127,29 @@ async def test_chunks_are_held_only_until_every_contributor_has_its_result() -> 
         await r.result("a", 0)
 
 
-async def test_a_refused_part_writes_nothing_into_the_chunk() -> None:
-    r = PartReducer(Group("r", ("me", "a", "b", "c", "d"), (10, 0, 0, 0, 0)), "me", chunk=4, stall_timeout=5)
+@pytest.mark.parametrize("robust", [True, False])
+async def test_a_refused_part_writes_nothing_into_the_chunk(robust: bool) -> None:
+    members = ("me", "a", "b", "c", "d")
+    r = PartReducer(
+        Group("r", members, (10, 0, 0, 0, 0)), "me", chunk=4, stall_timeout=5, **({} if robust else MEAN)
+    )
     r.add("a", 0, torch.full((4,), 4.0), 1.0)
-    before = r.acc[0].clone()
+
+    def held() -> object:
+        return dict(r.held[0]) if robust else r.acc[0].clone()
+
+    before = held()
     bad_parts = {"b": torch.ones(5), "c": torch.ones(3), "d": torch.tensor([1.0, float("inf"), 1.0, 1.0])}
     for sender, bad in bad_parts.items():
         with pytest.raises(PartRejected, match=r"expected 4|non-finite"):
             r.add(sender, 0, bad, 1.0)
-        assert torch.equal(r.acc[0], before)  # an oversized, short or non-finite part left no trace
+        now = held()
+        if robust:  # an oversized, short or non-finite part left no trace
+            assert now == before
+        else:
+            assert isinstance(now, torch.Tensor) and isinstance(before, torch.Tensor)
+            assert torch.equal(now, before)
     r.add("me", 0, torch.full((4,), 2.0), 1.0)
     assert torch.equal(await r.result("a", 0), torch.full((4,), 3.0))  # the refused parts never counted
     assert set(r.excluded) == {"b", "c", "d"}
+    assert r.refusals.by_sender == {"b": 1, "c": 1, "d": 1}

@@ -52,8 +52,8 @@ def _dsn() -> str:
 
 async def serve(mode: str, schema: str, key_path: str, exports: str) -> None:
     """Child: one replica, admitting as ``mode`` says ("batched": the project; "one_by_one": before)."""
-    from coordinator.app import start_full
     from coordinator.config import CoordinatorConfig
+    from coordinator.server.app import start_full
     from coordinator.services import open_services
 
     config = CoordinatorConfig(
@@ -130,7 +130,7 @@ def one_by_one(running: Any) -> None:
 async def seed(schema: str, peers: int, key_path: str) -> tuple[list[Identity], list[str]]:
     from load_rows import COLUMNS, rows_for
 
-    from coordinator.migrations import migrate
+    from coordinator.db.migrations import migrate
 
     conn = await asyncpg.connect(_dsn())
     await conn.execute(f"CREATE SCHEMA {schema}")

@@ -30,8 +30,8 @@ import psutil  # type: ignore[import-untyped]
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.server.app import start_full
 from engine.control import ConnectionInfo
 from engine.moe import LoopThread
 from lah.demo_app import user_folders

@@ -208,7 +208,7 @@ async def one_repeat(url: str, data: Digits, steps: int, seed: int) -> dict[str,
 
 
 async def main_async(steps: int, repeats: int) -> dict[str, Any]:
-    from coordinator.app import start
+    from coordinator.server.app import start
     from engine.p2p.patches import install, pin_host_addresses
 
     pin_host_addresses(["127.0.0.1"])

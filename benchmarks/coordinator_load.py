@@ -1,6 +1,6 @@
 """Coordinator load: signaling WebSockets, leaderboard latency on both databases, receipt ingestion.
 
-(a) signaling: the coordinator (``coordinator.app.start()``, a hub without tokens) in a child process;
+(a) signaling: the coordinator (``coordinator.server.app.start()``, a hub without tokens) in a child process;
     this process opens ``--peers`` raw WebSockets (challenge, signed hello, welcome), keeps them all
     open, and sends offers between random pairs at ``--rate`` per second (each recipient answers).
     ``relay_p99_ms``: offer sent -> offer received at the other peer, through the hub.
@@ -90,7 +90,7 @@ def raise_fd_limit() -> None:
 async def serve_signaling() -> None:
     """Child process: the coordinator app, port on stdout, until stdin closes."""
     raise_fd_limit()
-    from coordinator.app import start
+    from coordinator.server.app import start
 
     running = await start()
     print(running.port, flush=True)

@@ -13,7 +13,7 @@ import threading
 
 def signaling_hub_thread() -> tuple[str, threading.Event]:
     """Start the hub; returns its signaling URL and the event that stops it."""
-    from coordinator.app import start
+    from coordinator.server.app import start
 
     ready: dict[str, str] = {}
     stop = threading.Event()

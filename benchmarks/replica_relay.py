@@ -29,10 +29,10 @@ from figures import log, p99  # benchmarks/ is this script's folder, first on sy
 from sqlalchemy import text
 
 from coordinator.accounts.accounts import bind_message
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig
+from coordinator.db.migrations import migrate
 from coordinator.db.session import make_engine
-from coordinator.migrations import migrate
+from coordinator.server.app import RunningCoordinator, start_full
 from coordinator.services import open_services
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import new_session_id, sign_description

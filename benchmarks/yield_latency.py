@@ -44,8 +44,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import torch
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.server.app import start_full
 from engine.account import CoordinatorApi
 from engine.node import UNAVAILABLE, Volunteer, join_local, process_rss
 from engine.p2p import Identity, LinkConfig, Peer, RemoteError

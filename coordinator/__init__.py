@@ -21,25 +21,25 @@ model low and its ``api_`` modules high):
 - :mod:`coordinator.config`: the configuration: a TOML file, then ``LAH_*`` environment variables on top
   (database URL, TURN, experiments, limits).
 - :mod:`coordinator.db` (a package): SQLAlchemy 2 models and async engines, SQLite by default or
-  PostgreSQL; :mod:`coordinator.migrations` (a package): Alembic's migrations of that schema, for both.
-- :mod:`coordinator.ratelimit`: per-address limits (a token bucket for request rates, a counter for
-  concurrent connections, the client's address behind trusted proxies).
+  PostgreSQL, and ``db.migrations``: Alembic's migrations of that schema, for both.
+- ``http.ratelimit`` (in :mod:`coordinator.http`, a package): per-address limits (a token bucket for
+  request rates, a counter for concurrent connections, the client's address behind trusted proxies).
 - The hub and the replicas' links, leader and shared buckets; then the domains' models: credit (all
   but ``api_ledger``), accounts (``confusables``, ``tokens``, ``accounts``, ``trainers``: on the
   ledger's ``IN`` list and trainer roles), swarm (``assignment``, ``collab_status``, ``progress``).
 - :mod:`coordinator.services`: what every handler shares (configuration, database, token authority,
   accounts, limits, leader, the hub's checks of tokens and hosts), opened once: the database migrated,
   the signing key loaded.
-- :mod:`coordinator.http`: the one HTTP framework every JSON endpoint uses: the error shape, the
-  handler wrapper (with the answers to token and account errors), size-limited body reading, and who
-  is asking (a bearer token of an enabled account, a trainer account); on the services.
-- The JSON APIs, on http: ``accounts.api_accounts``, ``accounts.api_trainers``, ``credit.api_ledger``,
-  ``swarm.api_swarm``, ``swarm.api_collab``, ``swarm.api_progress``; and ``replicas.outage`` (503s in
-  http's error shape).
+- ``http.framework``: the one HTTP framework every JSON endpoint uses: the error shape, the handler
+  wrapper (with the answers to token and account errors), size-limited body reading, and who is asking
+  (a bearer token of an enabled account, a trainer account); on the services.
+- The JSON APIs, on the framework: ``accounts.api_accounts``, ``accounts.api_trainers``,
+  ``credit.api_ledger``, ``swarm.api_swarm``, ``swarm.api_collab``, ``swarm.api_progress``; and
+  ``replicas.outage`` (503s in the framework's error shape).
 - :mod:`coordinator.site` (a package): pages over the domains' models and the services.
-- :mod:`coordinator.app`: the aiohttp application that mounts the hub (``create_app``) or everything
-  (``create_full_app``), and how to run it.
-- :mod:`coordinator.cli`: ``lah coordinator``: the whole coordinator from a TOML config, and the
+- :mod:`coordinator.server` (a package): how the coordinator runs: ``server.app``, the aiohttp
+  application that mounts the hub (``create_app``) or everything (``create_full_app``), and how to
+  start it; ``server.cli``, ``lah coordinator``: the whole coordinator from a TOML config, and the
   operator's tools that act on its database directly (invite, disable, enable, grant-trainer).
 
 It imports of ``engine`` only the shared schemas, signed statements and identities (each package's line

@@ -36,10 +36,10 @@ from .config import ConfigError, CoordinatorConfig
 from .credit.ledger import in_list
 from .db.models import Account, Host
 from .db.session import default_url, make_engine, session_factory
+from .http.ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
 from .hub.batching import Batcher
 from .hub.offer_gate import OfferGate
 from .hub.signaling import PeerRefused
-from .ratelimit import ClientAddress, ConnectionLimiter, RateLimiter
 from .replicas.leader import Leader, LocalLeader
 from .replicas.pg_link import DbClock, Link, Listener
 from .replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
@@ -200,7 +200,7 @@ async def open_services(
     if engine is None:
         url = config.database_url or default_url()
         if run_migrations:
-            from .migrations import migrate
+            from .db.migrations import migrate
 
             await migrate(url, search_path=search_path)
         engine = make_engine(url, search_path=search_path)

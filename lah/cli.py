@@ -270,8 +270,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             allow_missing=args.allow_missing, timeout=args.timeout, say=lambda line: print(line, flush=True),
         )  # fmt: skip
     elif args.command == "coordinator":
-        from coordinator import cli as coordinator_cli  # the engine runs without the coordinator
         from coordinator.accounts.accounts import AccountError
+        from coordinator.server import cli as coordinator_cli  # the engine runs without the coordinator
 
         try:
             if args.action == "invite":

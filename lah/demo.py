@@ -123,8 +123,8 @@ def run_demo(
 
     ``wrap_peer``: what the trainer's DMoE layer calls experts through instead of its Peer (benchmarks
     inject faults and latency there)."""
-    from coordinator.app import start_full
     from coordinator.config import CoordinatorConfig
+    from coordinator.server.app import start_full
     from coordinator.services import SERVICES
     from engine.node.join import join_local
     from engine.resources import Settings

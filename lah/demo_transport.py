@@ -35,7 +35,7 @@ def _demo_handlers() -> Handlers:
 
 
 async def demo_transport(mib: int) -> None:
-    from coordinator.app import start
+    from coordinator.server.app import start
 
     pin_host_addresses(["127.0.0.1"])  # the demo stays on this machine
     coordinator = await start("127.0.0.1", 0)

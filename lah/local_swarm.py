@@ -90,8 +90,8 @@ class LocalSwarm:
 
     def start(self) -> None:
         self._cpu_at_start = _cpu(psutil.Process())  # this process may have trained before (benchmarks)
-        from coordinator.app import start_full
         from coordinator.config import CoordinatorConfig
+        from coordinator.server.app import start_full
 
         pin_host_addresses(["127.0.0.1"])
         install()

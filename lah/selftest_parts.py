@@ -76,7 +76,7 @@ DEPENDENCIES = [
     "engine.node",
     "engine.control",
     "engine.trainer",
-    "coordinator.app",
+    "coordinator.server.app",
     "app.qt.main",
     "lah.cli",
     "lah.demo",
@@ -174,7 +174,7 @@ def check_compute() -> str:
 async def _loopback() -> str:
     import torch
 
-    from coordinator.app import start
+    from coordinator.server.app import start
     from engine.p2p import CallContext, Handlers, Identity, Peer, patches
     from engine.p2p.patches import pin_host_addresses
     from engine.wire import Kind, Message
@@ -263,7 +263,7 @@ def check_keyring() -> str:
 
 
 async def _migrate(url: str) -> None:
-    from coordinator.migrations import migrate
+    from coordinator.db.migrations import migrate
 
     await migrate(url)
 

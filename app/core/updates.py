@@ -96,7 +96,7 @@ MANIFEST_URL = "https://learning-at-home.org/releases/manifest.json"
 #: verifies, so no update is ever offered.
 RELEASE_PUBLIC_KEY = "5MNZaRlBnASRyd553Bw1VY/KUyc61aLqWQofN0AQLAg="
 SIGNING_CONTEXT = b"learning-at-home release manifest v1\n"
-#: The coordinator's answer to "where are releases published?" (``coordinator/app.py``).
+#: The coordinator's answer to "where are releases published?" (``coordinator/server/app.py``).
 SOURCE_PATH = "/api/updates"
 SCHEMA = 2  # 1 had no issue time or expiry, so any old copy stayed valid forever: refused
 MAX_MANIFEST_BYTES = 64 * 1024

@@ -13,7 +13,7 @@
     GET  /api/me                                                  -> 200 {"account", "hosts", "token"}
 
 Authenticated calls take ``Authorization: Bearer <token>``. Bodies are JSON, at most
-``coordinator.http.MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
+``http.framework.MAX_BODY_BYTES``, decoded into typed structs (unknown fields refused). Every failure is
 ``{"error": code, "message": text}`` with 400 (malformed), 401 (no, bad, expired or revoked token),
 403 (``account_disabled`` on every authenticated call of a disabled account, at once), 404, 409
 (name or host taken, or a name that looks like a taken one), 413 (body too large) or 429 (rate
@@ -33,7 +33,7 @@ from sqlalchemy import func, select
 
 from ..credit.ledger import decay
 from ..db.models import Account
-from ..http import ApiError, Text, account_errors, authenticate, read_body
+from ..http.framework import ApiError, Text, account_errors, authenticate, read_body
 from ..hub.signaling import HUB_KEY
 from ..services import SERVICES, Services
 from .tokens import is_jti

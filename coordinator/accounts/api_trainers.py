@@ -29,7 +29,7 @@ from aiohttp import web
 
 from ..config import ExperimentConfig
 from ..credit.ledger import TRAINER_ROLES
-from ..http import ApiError, Text, account_errors, authenticate, read_body
+from ..http.framework import ApiError, Text, account_errors, authenticate, read_body
 from ..services import SERVICES, Services
 from .accounts import AccountView
 from .trainers import grant_trainer, redeem_login_code

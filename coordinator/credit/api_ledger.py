@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..accounts.accounts import AccountView
 from ..config import CoordinatorConfig
-from ..http import ApiError, account_errors, json_errors, read_json, require_trainer
+from ..http.framework import ApiError, account_errors, json_errors, read_json, require_trainer
 from ..services import SERVICES
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
 from .ledger import ingest

@@ -12,10 +12,10 @@ Modules, bottom up (each imports only those above it in this list):
   to the peer's replica; on ``relay`` and ``batching``.
 - ``offer_gate``: which offers are relayed (a token bucket per sender, replays dropped); pure.
 - ``signaling``: the hub itself (authenticated peers, offer/answer relay, per-address limits from
-  :mod:`coordinator.ratelimit`); on ``presence`` when it runs as one of several replicas.
+  :mod:`coordinator.http.ratelimit`); on ``presence`` when it runs as one of several replicas.
 
 The hub needs no account or database code of its own: :mod:`coordinator.services` gives it the checks
-of tokens and host bindings (``authorize``) and the batchers, and :mod:`coordinator.app` mounts it.
+of tokens and host bindings (``authorize``) and the batchers, and :mod:`coordinator.server.app` mounts it.
 
-May import: coordinator.ratelimit, engine.p2p.errors, engine.p2p.identity, engine.p2p.signaling_protocol
+May import: coordinator.http.ratelimit, engine.p2p.errors, engine.p2p.identity, engine.p2p.signaling_protocol
 """

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from engine.p2p import signaling_protocol as sp
 
-from ..ratelimit import RateLimiter
+from ..http.ratelimit import RateLimiter
 
 __all__ = [
     "DUPLICATE_WINDOW_S",

@@ -44,7 +44,7 @@ from engine.p2p import signaling_protocol as sp
 from engine.p2p.errors import IdentityError
 from engine.p2p.identity import peer_id_of, verify
 
-from ..ratelimit import ConnectionLimiter
+from ..http.ratelimit import ConnectionLimiter
 from .offer_gate import RATE_LIMITED, OfferGate
 from .presence import ReplicaGroup, new_conn_id
 from .turn import TurnConfig, turn_server

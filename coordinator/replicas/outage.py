@@ -24,7 +24,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from ..http import error_response
+from ..http.framework import error_response
 
 CHECK_TIMEOUT_S = 3.0
 RETRY_AFTER_S = 5

@@ -9,12 +9,13 @@ answer is exact under any concurrency and no replica's clock matters (one that i
 refills nothing early or late). One round trip per take; these limits guard requests that write the
 database anyway.
 
-SQLite is one process: :class:`LocalBuckets` wraps the in-memory :class:`~coordinator.ratelimit.RateLimiter`
-(its clock a parameter, so tests drive it). Limits that stay per replica on purpose: the signaling
-hub's offers per sender (``offer_gate.OfferGate``: a sender's offers all go through the one socket it
-holds, on one replica) and concurrent WebSockets per address (``ratelimit.ConnectionLimiter``: each
-replica bounds what one address can hold open on it, so the whole group bounds it to N times the
-limit; the proxy's own per-address connection limit, e.g. nginx's ``limit_conn``, is the global one).
+SQLite is one process: :class:`LocalBuckets` wraps the in-memory
+:class:`~coordinator.http.ratelimit.RateLimiter` (its clock a parameter, so tests drive it). Limits that
+stay per replica on purpose: the signaling hub's offers per sender (``offer_gate.OfferGate``: a sender's
+offers all go through the one socket it holds, on one replica) and concurrent WebSockets per address
+(``ratelimit.ConnectionLimiter``: each replica bounds what one address can hold open on it, so the whole
+group bounds it to N times the limit; the proxy's own per-address connection limit, e.g. nginx's
+``limit_conn``, is the global one).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Protocol
 from sqlalchemy import Float, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from ..ratelimit import RateLimiter
+from ..http.ratelimit import RateLimiter
 
 
 class Buckets(Protocol):

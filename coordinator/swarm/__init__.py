@@ -12,13 +12,13 @@ Modules, bottom up (each imports only those above it in this list):
 - ``api_swarm``: a node's assignment, signed for its DHT declarations, with the peers to bootstrap
   its DHT from; ``api_collab``: status reports in, collaborations and the trainers' board out;
   ``api_progress``: evaluation reports in. Reports pass per-account token buckets
-  (:mod:`coordinator.ratelimit`, shared between replicas by :mod:`coordinator.replicas.shared_limits`).
+  (:mod:`coordinator.http.ratelimit`, shared between replicas by :mod:`coordinator.replicas.shared_limits`).
 
 ``assignment``, ``collab_status`` and ``progress`` sit below :mod:`coordinator.services` and need no
-HTTP; the three ``api_`` modules sit above it and above :mod:`coordinator.http`, like every JSON API of
-the coordinator. The site's pages (:mod:`coordinator.site`) read the first three too.
+HTTP; the three ``api_`` modules sit above it and above :mod:`coordinator.http.framework`, like every
+JSON API of the coordinator. The site's pages (:mod:`coordinator.site`) read the first three too.
 
 May import: coordinator.config, coordinator.credit.training, coordinator.db, coordinator.http,
-    coordinator.hub.signaling, coordinator.ratelimit, coordinator.replicas.shared_limits,
+    coordinator.hub.signaling, coordinator.replicas.shared_limits,
     coordinator.services, engine.wire.statements
 """

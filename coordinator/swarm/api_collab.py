@@ -32,8 +32,8 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from ..credit.training import trainer_board
-from ..http import ApiError, account_errors, json_errors, read_json, require_trainer
-from ..ratelimit import RateLimiter
+from ..http.framework import ApiError, account_errors, json_errors, read_json, require_trainer
+from ..http.ratelimit import RateLimiter
 from ..replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 from ..services import SERVICES
 from .collab_status import (

@@ -23,8 +23,8 @@ import time
 
 from aiohttp import web
 
-from ..http import ApiError, account_errors, read_json, require_trainer
-from ..ratelimit import RateLimiter
+from ..http.framework import ApiError, account_errors, read_json, require_trainer
+from ..http.ratelimit import RateLimiter
 from ..replicas.shared_limits import Buckets, DatabaseBuckets, LocalBuckets
 from ..services import SERVICES
 from .progress import MAX_BODY_BYTES, ProgressError, ProgressReport, check, record

@@ -30,7 +30,7 @@ from engine.wire.statements import assignment_signed_bytes
 
 from ..config import ExperimentConfig
 from ..db.models import Host
-from ..http import ApiError, account_errors, authenticate, read_body
+from ..http.framework import ApiError, account_errors, authenticate, read_body
 from ..hub.signaling import HUB_KEY
 from ..services import SERVICES
 from .assignment import Capacity, assign_host

@@ -18,8 +18,8 @@ import pytest
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before pytest-qt makes the QApplication
 
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.server.app import RunningCoordinator, start_full
 from engine.moe import LoopThread
 from lah.demo_app import user_folders
 from tests.ui.conftest import xscreen, xscreen_no_tray  # noqa: F401 (the real X screen's fixtures)

@@ -11,8 +11,8 @@ import asyncio
 import sys
 from typing import Any
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig
+from coordinator.server.app import start_full
 from coordinator.services import open_services
 
 

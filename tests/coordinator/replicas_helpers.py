@@ -16,9 +16,9 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.session import make_engine
+from coordinator.server.app import RunningCoordinator, start_full
 from coordinator.services import open_services
 from tests.dbs import POSTGRES_URL
 

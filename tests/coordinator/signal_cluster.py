@@ -15,9 +15,9 @@ import aiohttp
 import pytest
 from sqlalchemy import text
 
-from coordinator.app import RunningCoordinator, start_full
+from coordinator.db.migrations import migrate
 from coordinator.db.session import make_engine
-from coordinator.migrations import migrate
+from coordinator.server.app import RunningCoordinator, start_full
 from coordinator.services import open_services
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import new_session_id, sign_description

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.accounts.accounts import bind_message
 from coordinator.db.models import Account, AllowlistEntry, Host, RevokedToken, Team
-from coordinator.http import MAX_BODY_BYTES
+from coordinator.http.framework import MAX_BODY_BYTES
 from coordinator.services import Services
 from engine.p2p.identity import Identity
 

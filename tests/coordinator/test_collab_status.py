@@ -22,7 +22,7 @@ from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.credit import api_ledger
 from coordinator.credit.receipts import ReceiptBatch, sign_receipt
 from coordinator.db.models import CollabStatus, TrainerWork
-from coordinator.ratelimit import RateLimiter
+from coordinator.http.ratelimit import RateLimiter
 from coordinator.services import SERVICES, Services, open_services
 from coordinator.swarm import api_collab
 from coordinator.swarm.collab_status import EXPIRE_S, ONLINE_S, StatusReport, collaborations, expire, record
@@ -97,7 +97,7 @@ async def post(w: World, body: Any, account: int | None = None, **kw: Any) -> tu
 
 async def receipts(w: World, trainer: Identity, account: int, samples: int, backward: bool = False) -> None:
     batch = ReceiptBatch(
-        [sign_receipt(trainer, w.volunteer.peer_id, "ffn.0.1", samples, backward, time.time())]
+        [sign_receipt(trainer, w.volunteer, "ffn.0.1", samples, backward, time.time())]
     )
     resp = await w.client.post("/api/receipts", data=msgspec.json.encode(batch), headers=w.auth(account))
     assert resp.status == 200 and (await resp.json())["accepted"] == 1, await resp.text()

@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from coordinator import site
 from coordinator.config import CoordinatorConfig, ExperimentConfig, LanguageModel
 from coordinator.db.models import Account, Assignment, ExperimentProgress
-from coordinator.ratelimit import RateLimiter
+from coordinator.http.ratelimit import RateLimiter
 from coordinator.services import SERVICES, Services, open_services
 from coordinator.swarm import api_progress
 from coordinator.swarm.progress import MAX_SAMPLE_BYTES, ProgressReport, record

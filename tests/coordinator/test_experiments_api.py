@@ -17,8 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.accounts.accounts import NotFound
 from coordinator.accounts.trainers import grant_trainer
-from coordinator.app import create_full_app
 from coordinator.config import DenseModel, ExperimentConfig, load_config
+from coordinator.server.app import create_full_app
 from coordinator.services import Services, open_services
 from lah.cli import main as lah_main
 

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import update
 
 from coordinator.accounts.accounts import bind_message
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.db.models import Host
+from coordinator.server.app import RunningCoordinator, start_full
 from engine.p2p import Identity, Peer, SignalingError
 from engine.p2p.patches import pin_host_addresses
 

@@ -17,10 +17,10 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.accounts.accounts import BadInvite, Conflict, bind_message, code_hash
-from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
 from coordinator.db.models import Host, Invite, Team
 from coordinator.hub.signaling import HUB_KEY
+from coordinator.server.app import create_full_app
 from coordinator.services import Services
 from engine.p2p.identity import Identity
 from engine.p2p.signaling import SignalingClient
@@ -405,8 +405,8 @@ async def test_the_migration_gives_existing_names_their_skeletons(tmp_path: Path
     from sqlalchemy import text
 
     from coordinator.config import CoordinatorConfig
+    from coordinator.db.migrations import migrate
     from coordinator.db.session import make_engine
-    from coordinator.migrations import migrate
     from coordinator.services import open_services
     from tests.dbs import POSTGRES_URL
 

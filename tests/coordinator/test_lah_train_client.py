@@ -15,8 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from coordinator.accounts.trainers import grant_trainer
-from coordinator.app import create_full_app
 from coordinator.config import ExperimentConfig
+from coordinator.server.app import create_full_app
 from coordinator.services import Services
 from engine.account.coordinator_api import CoordinatorApi
 from engine.account.errors import CoordinatorError

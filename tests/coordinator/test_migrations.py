@@ -12,9 +12,9 @@ from sqlalchemy import inspect, text
 from sqlalchemy.engine import Connection
 
 from coordinator.config import CoordinatorConfig
+from coordinator.db.migrations import downgrade, migrate
 from coordinator.db.models import Base
 from coordinator.db.session import make_engine
-from coordinator.migrations import downgrade, migrate
 from coordinator.services import open_services
 from tests.dbs import POSTGRES_URL
 
@@ -37,7 +37,7 @@ async def _check(url: str, search_path: str | None = None) -> None:
             assert await conn.run_sync(_diff) == []
             assert await conn.run_sync(_tables) == set(Base.metadata.tables) | {"alembic_version"}
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
-            assert version == "0008"  # the newest revision
+            assert version == "0009"  # the newest revision
         await downgrade(url, search_path=search_path)
         async with engine.connect() as conn:
             assert await conn.run_sync(_tables) == {"alembic_version"}

@@ -8,9 +8,9 @@ import aiohttp
 import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.exc import IntegrityError, OperationalError
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig
 from coordinator.replicas.outage import HEALTH_CHECKS, is_outage
+from coordinator.server.app import start_full
 
 
 def _wrapped(orig: BaseException) -> OperationalError:

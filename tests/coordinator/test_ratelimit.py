@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from coordinator.ratelimit import ConnectionLimiter, RateLimiter
+from coordinator.http.ratelimit import ConnectionLimiter, RateLimiter
 
 from .accounts_helpers import FakeClock
 

@@ -133,7 +133,7 @@ async def test_database_out_of_reach_means_clear_errors_not_silence(
     signal for a peer elsewhere gets Error(unavailable), and a new socket is refused with it."""
     from aiohttp.test_utils import TestServer
 
-    from coordinator.app import create_app
+    from coordinator.server.app import create_app
     from engine.p2p import signaling_protocol as sp
     from engine.p2p.descriptions import new_session_id, sign_description
     from engine.p2p.identity import Identity

@@ -19,14 +19,14 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
 
-from coordinator.app import RunningCoordinator
 from coordinator.credit.receipts import ReceiptBatch, sign_receipt
+from coordinator.db.migrations import alembic_config, migrate
 from coordinator.db.models import Account, Host, Receipt
 from coordinator.db.session import make_engine
-from coordinator.migrations import alembic_config, migrate
 from coordinator.replicas.leader import Leader
 from coordinator.replicas.pg_link import Link
 from coordinator.replicas.shared_limits import DatabaseBuckets
+from coordinator.server.app import RunningCoordinator
 from engine.p2p.identity import Identity
 from tests.dbs import POSTGRES_URL
 
@@ -39,7 +39,7 @@ COST = 2.0  # replicas_helpers.EXP's expert_cost
 def _batch(trainer: Identity, host: Identity, n: int, samples: int) -> bytes:
     now = time.time()
     receipts = [
-        sign_receipt(trainer, host.peer_id, f"mnist.{i % 4}.{i // 4 % 4}", samples, False, now - 5)
+        sign_receipt(trainer, host, f"mnist.{i % 4}.{i // 4 % 4}", samples, False, now - 5)
         for i in range(n)
     ]
     return msgspec.json.encode(ReceiptBatch(receipts))

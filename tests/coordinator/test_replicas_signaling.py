@@ -10,9 +10,9 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from coordinator.app import start_full
 from coordinator.hub.presence import DEAD_AFTER_S
 from coordinator.hub.relay import MAX_NOTIFY_BYTES
+from coordinator.server.app import start_full
 from engine.p2p.descriptions import sign_description
 from engine.p2p.identity import Identity
 

@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 from sqlalchemy import text
 
-from coordinator.app import RunningCoordinator
 from coordinator.config import ConfigError, CoordinatorConfig
 from coordinator.db.session import make_engine
 from coordinator.replicas.shared_limits import DatabaseBuckets, LocalBuckets
+from coordinator.server.app import RunningCoordinator
 from coordinator.services import open_services
 
 from .replicas_helpers import fresh_schema, start_replica, wait_for

@@ -8,9 +8,9 @@ from pathlib import Path
 import aiohttp
 import msgspec
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
 from coordinator.credit.receipts import sign_receipt
+from coordinator.server.app import start_full
 from engine.p2p.signaling import SignalingClient
 from tests.coordinator.accounts_helpers import volunteer_with_host
 from tests.coordinator.ledger_support import make_host
@@ -40,7 +40,7 @@ async def test_restart_keeps_receipts_and_clients_rejoin(tmp_path: Path) -> None
     client = SignalingClient(running.signaling_url, host, lambda _: None, token=token, max_backoff=1.0)
     await client.connect()
     now = time.time()
-    receipts = [sign_receipt(trainer, host.peer_id, "ffn.0.1", 32, False, now - i) for i in range(10)]
+    receipts = [sign_receipt(trainer, host, "ffn.0.1", 32, False, now - i) for i in range(10)]
     body = {"receipts": msgspec.to_builtins(receipts)}
     async with aiohttp.ClientSession(running.url) as http:
         r = await http.post("/api/receipts", json=body, headers=auth)

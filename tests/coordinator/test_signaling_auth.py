@@ -181,8 +181,8 @@ async def test_hub_without_accounts_needs_no_token() -> None:
 
 
 async def test_turn_credentials_are_renewed_by_reconnecting() -> None:
-    from coordinator.app import start
     from coordinator.hub.turn import TurnConfig
+    from coordinator.server.app import start
     from engine.p2p.identity import Identity
     from engine.p2p.signaling import SignalingClient, turn_expiry
 

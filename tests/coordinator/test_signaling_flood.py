@@ -8,9 +8,9 @@ import asyncio
 import msgspec
 from aiohttp.test_utils import TestClient, TestServer
 
-from coordinator.app import create_app
 from coordinator.hub.offer_gate import RATE_LIMITED, OfferGate
 from coordinator.hub.signaling import HUB_KEY, SignalingHub
+from coordinator.server.app import create_app
 from engine.p2p import signaling_protocol as sp
 from engine.p2p.descriptions import new_session_id, sign_description
 from engine.p2p.identity import Identity

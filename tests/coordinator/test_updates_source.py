@@ -11,8 +11,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.core.updates import advertised_source
-from coordinator.app import create_full_app
 from coordinator.config import ConfigError, load_config
+from coordinator.server.app import create_full_app
 
 from . import accounts_helpers as h
 

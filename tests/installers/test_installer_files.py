@@ -102,4 +102,4 @@ def test_the_spec_compiles_and_documents_every_drop() -> None:
     compile(text, "learning-at-home.spec", "exec")
     for pattern, why in re.findall(r'\("([^"]+\*?)", "([^"]*)"', text):
         assert why, pattern
-    assert '"assets"' in text and "coordinator/migrations" in text and "templates" in text
+    assert '"assets"' in text and "coordinator/db/migrations" in text and "templates" in text

@@ -4,7 +4,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from coordinator.app import RunningCoordinator, start
+from coordinator.server.app import RunningCoordinator, start
 from engine.p2p import Handlers, Identity, LinkConfig, Peer
 from engine.p2p.patches import pin_host_addresses
 

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 import torch
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig
+from coordinator.server.app import start_full
 from engine.moe import LoopThread
 from engine.node.join import join_local
 from engine.p2p.patches import install

@@ -18,8 +18,8 @@ from typing import Any
 import pytest
 
 from coordinator.accounts.trainers import grant_trainer
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, DenseModel, ExperimentConfig
+from coordinator.server.app import start_full
 from engine.account.coordinator_api import CoordinatorApi
 from engine.moe import LoopThread
 from engine.node.join import join_local

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig, LanguageModel
+from coordinator.server.app import RunningCoordinator, start_full
 from coordinator.swarm.progress import MAX_SAMPLE_BYTES
 from engine.account.coordinator_api import PROGRESS_SAMPLE_BYTES, CoordinatorApi, progress_report
 from engine.lm import Metrics

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig
+from coordinator.server.app import RunningCoordinator, start_full
 from engine.account import CoordinatorUnreachable, MemoryTokenStore
 from engine.control import ControlClient, ControlError, ControlServer, NodeControl
 from engine.node import UNAVAILABLE, Volunteer, VolunteerConfig, join_local

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from coordinator.app import RunningCoordinator
+from coordinator.server.app import RunningCoordinator
 from engine.control import ControlClient, ControlError, file_mode
 from engine.control.commands import run_client, run_node
 from engine.node import NodeHome

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from coordinator.app import RunningCoordinator, start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.server.app import RunningCoordinator, start_full
 from engine.account import CoordinatorApi
 from engine.dht import DHTNode, get_experts
 from engine.dht.p2p_transport import PeerTransport

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator
 import pytest
 import torch
 
-from coordinator.app import RunningCoordinator
+from coordinator.server.app import RunningCoordinator
 from engine.p2p import (
     CallContext,
     ConnectionLost,

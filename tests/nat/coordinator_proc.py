@@ -1,6 +1,6 @@
 """The coordinator with STUN and TURN, for the NAT testbed: ``python -m tests.nat.coordinator_proc``.
 
-``lah coordinator`` has no TURN flags; this starts :func:`coordinator.app.start` with coturn's address
+``lah coordinator`` has no TURN flags; this starts :func:`coordinator.server.app.start` with coturn's address
 as STUN server and short-lived TURN credentials (``TurnConfig``). Prints one JSON line when it listens
 and runs until stdin closes.
 """
@@ -13,8 +13,8 @@ import json
 import logging
 import sys
 
-from coordinator.app import start
 from coordinator.hub.turn import TurnConfig
+from coordinator.server.app import start
 from engine.p2p.signaling_protocol import IceServer
 
 

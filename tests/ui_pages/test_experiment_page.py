@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from coordinator.app import start_full
 from coordinator.config import CoordinatorConfig, ExperimentConfig
+from coordinator.server.app import start_full
 from engine.account.coordinator_api import CoordinatorApi
 from engine.p2p.identity import Identity
 

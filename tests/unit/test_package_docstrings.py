@@ -39,7 +39,7 @@ PROJECT = ("engine", "coordinator", "app", "lah")
 
 # Packages whose modules need not each be named, and why; their imports and stale names are still checked.
 NAMING_EXEMPT = {
-    "coordinator.migrations.versions": "Alembic's revision files: named by revision, found by directory, "
+    "coordinator.db.migrations.versions": "Alembic's revision files: named by revision, found by directory, "
     "ordered by their own down_revision links; the list is `alembic history`.",
 }
 

@@ -14,9 +14,9 @@ import socket
 from datetime import UTC, datetime
 from pathlib import Path
 
+from ..config import CoordinatorConfig, load_config
+from ..services import open_services
 from .app import start_full
-from .config import CoordinatorConfig, load_config
-from .services import open_services
 
 
 def valid_until(expires_at: float) -> str:
@@ -104,7 +104,7 @@ async def set_disabled(config_path: Path | None, name: str, disabled: bool) -> N
 async def grant_trainer(config_path: Path | None, name: str, ttl_s: float | None = None) -> str:
     """Make ``name`` a trainer (creating the account if needed) and print its single-use login code
     for ``lah train login`` (shown once: only its hash is kept)."""
-    from .accounts.trainers import grant_trainer as grant
+    from ..accounts.trainers import grant_trainer as grant
 
     config = load_config(config_path)
     services = await open_services(config)

@@ -16,7 +16,7 @@ Beside this module: ``env.py``, the environment alembic runs (async engines, or 
 new revision, and ``versions/``, the revisions themselves (a package: its docstring says why they are
 not listed).
 
-May import: coordinator.db
+May import: coordinator.db.models, coordinator.db.session
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from alembic.config import Config
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-from ..db.session import default_url, make_engine
+from ..session import default_url, make_engine
 
 HERE = Path(__file__).resolve().parent
 # One lock per schema; released when the migrating transaction ends, however it ends.

@@ -20,7 +20,7 @@ from typing import Annotated, TypeVar
 import msgspec
 from aiohttp import web
 
-from .accounts.accounts import (
+from ..accounts.accounts import (
     AccountError,
     AccountView,
     BadInvite,
@@ -33,9 +33,9 @@ from .accounts.accounts import (
     NotAllowlisted,
     NotFound,
 )
-from .accounts.tokens import MAX_TOKEN_CHARS, Claims, TokenError
-from .credit.ledger import TRAINER_ROLES
-from .services import SERVICES
+from ..accounts.tokens import MAX_TOKEN_CHARS, Claims, TokenError
+from ..credit.ledger import TRAINER_ROLES
+from ..services import SERVICES
 
 #: What :func:`read_body` accepts: the account, trainer and swarm APIs' bodies are small.
 MAX_BODY_BYTES = 16 * 1024

@@ -10,18 +10,18 @@ from aiohttp import web
 
 from engine.p2p.signaling_protocol import IceServer
 
-from . import http, site
-from .accounts import api_accounts, api_trainers
-from .config import CoordinatorConfig
-from .credit import api_ledger
-from .credit.receipts import Verifier
-from .http import error_response
-from .hub.presence import ReplicaGroup
-from .hub.signaling import HUB_KEY, SignalingHub
-from .hub.turn import TurnConfig
-from .replicas.outage import HEALTH_CHECKS, database_check, database_outage, run_checks
-from .services import SERVICES, Services, open_services
-from .swarm import api_collab, api_progress, api_swarm
+from .. import site
+from ..accounts import api_accounts, api_trainers
+from ..config import CoordinatorConfig
+from ..credit import api_ledger
+from ..credit.receipts import Verifier
+from ..http.framework import account_errors, authenticate, error_response
+from ..hub.presence import ReplicaGroup
+from ..hub.signaling import HUB_KEY, SignalingHub
+from ..hub.turn import TurnConfig
+from ..replicas.outage import HEALTH_CHECKS, database_check, database_outage, run_checks
+from ..services import SERVICES, Services, open_services
+from ..swarm import api_collab, api_progress, api_swarm
 
 # Connections the kernel holds for us before we accept them (capped by net.core.somaxconn). When a
 # replica dies, its thousand peers reconnect to the survivors within a second; with aiohttp's default
@@ -65,9 +65,9 @@ async def _peers(request: web.Request) -> web.StreamResponse:
     return await _peer_list(request)
 
 
-@http.account_errors
+@account_errors
 async def _peers_for_accounts(request: web.Request) -> web.StreamResponse:
-    await http.authenticate(request)
+    await authenticate(request)
     return await _peer_list(request)
 
 

@@ -169,6 +169,9 @@ class Receipt(Base):
     withheld: Mapped[bool] = mapped_column(Boolean, default=False, nullable=False)
     # When the credit was added to the recent sums (ingestion time): a reversal decays from here.
     credited_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # What the receipt earned before any withholding (``credit`` is then 0): an operator's undo of a
+    # reversal gives this back. Null on receipts stored before it existed (those cannot be restored).
+    earned: Mapped[float | None] = mapped_column(Float, nullable=True)
     __table_args__ = (Index("ix_receipts_host_time", "host_peer_id", "served_at"),)
 
 
@@ -227,6 +230,16 @@ class SpotCheckFlag(Base):
     period_end: Mapped[float] = mapped_column(Float, nullable=False)
     reason: Mapped[str] = mapped_column(String(256), nullable=False)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), server_default=func.now())
+    # The reporter's account when reported: a flag withholds that account's own receipts, and every
+    # trainer's only where flags of two accounts or more agree (``coordinator.credit.spot_checks``).
+    reporter_account_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    report_id: Mapped[str | None] = mapped_column(String(32), nullable=True)  # a replay is refused
+    reported_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # unix time: per-day caps
+    undone_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # an operator undid it
+    __table_args__ = (
+        Index("ix_spot_check_flags_reporter", "reporter_account_id", "host_peer_id", "reported_at"),
+        Index("ux_spot_check_flags_report_id", "report_id", unique=True),
+    )
 
 
 class Assignment(Base):
@@ -243,6 +256,45 @@ class Assignment(Base):
         UniqueConstraint("host_peer_id", "experiment", "expert_uid"),
         Index("ix_assignments_expert", "experiment", "expert_uid"),
     )
+
+
+class AssignmentSpan(Base):
+    """When a host held an expert: ``assignments`` keeps only the current ones (renewed in place,
+    deleted when they lapse), and a receipt is credited only for a host that held the expert when it
+    served (``coordinator.credit.rules``). One row per unbroken holding; a renewal extends it.
+    ``device`` and ``memory_bytes``: the capacity the node declared, which bounds its credit per hour."""
+
+    __tablename__ = "assignment_spans"
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    host_peer_id: Mapped[str] = mapped_column(ForeignKey("hosts.peer_id"), nullable=False)
+    expert_uid: Mapped[str] = mapped_column(String(128), nullable=False)
+    held_from: Mapped[float] = mapped_column(Float, nullable=False)
+    held_until: Mapped[float] = mapped_column(Float, nullable=False)
+    device: Mapped[str] = mapped_column(String(8), nullable=False)
+    memory_bytes: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    __table_args__ = (Index("ix_assignment_spans_host", "host_peer_id", "held_until"),)
+
+
+class CreditHour(Base):
+    """Credit granted per host per hour of serving (``trainer_account_id`` 0: from every trainer; else
+    from that trainer account): what the per-hour caps are checked against."""
+
+    __tablename__ = "credit_hours"
+    host_peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)
+    trainer_account_id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    hour: Mapped[int] = mapped_column(Integer, primary_key=True)  # hours since the epoch
+    credit: Mapped[float] = mapped_column(Float, default=0.0, nullable=False)
+
+
+class CreditRefusal(Base):
+    """Receipts and spot-check reports refused, counted per UTC day, kind and reason code: what the
+    operator reads (``lah coordinator refusals``)."""
+
+    __tablename__ = "credit_refusals"
+    day: Mapped[int] = mapped_column(Integer, primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16), primary_key=True)  # "receipt" or "report"
+    reason: Mapped[str] = mapped_column(String(32), primary_key=True)
+    count: Mapped[int] = mapped_column(BigInteger, default=0, nullable=False)
 
 
 class CollabStatus(Base):

@@ -7,6 +7,9 @@ Modules::
 
     lifecycle        Lifecycle: the app's states (first run, registering, node starting, running, paused,
                      failed, quitting) and transitions, driven by calls, reporting to its Host
+    host             Host: what the lifecycle asks of the Qt side (windows, the node, threads), and the
+                     callbacks it hands that side
+    notices          when an outage is told (once), and how long "Snooze until tomorrow" lasts
     consent          FirstRun (what the wizard opens with) and Consent (what the volunteer agreed to)
     paths            AppPaths: where the app keeps its settings, the node's limits, data and logs
     config           the app's own settings (``app.toml``), apart from the node's limits
@@ -14,8 +17,9 @@ Modules::
     presentation     what the tray shows for a given moment: icon, status line, tooltip
     activity         request and byte rates from successive status snapshots; the chart's clock ticks
     autostart        start at login: a Windows Run value, a macOS LaunchAgent, an XDG autostart entry
+    manifest         a release manifest signed with Ed25519: its format, checked against the key built in
     update_policy    which signed release manifests the update check believes and offers
-    updates          a release manifest signed with Ed25519, checked against the key built in
+    updates          the update check: the manifest fetched, believed, compared; the offered file fetched
     errors           the app's own exceptions (the engine's stay the engine's)
 
 Of the engine: engine.control (the node's data dir), engine.resources (the settings, their checks),

@@ -9,10 +9,11 @@ volunteer's commands and settings do, and the order of a clean Quit.
 
 It is driven by method calls (``start``, ``register``, ``wizard_closed``, ``node_changed``,
 ``status_received``, ``link_changed``, ``command``, ``resume``, ``apply_settings``, ``quit``) and
-reports through its ``Host``: the Qt controller (``app.qt.controller``) owns the windows, the node's
-process, the control link and the loop thread, and only forwards their events here; a test drives it
-with a recording host and no event loop. Files it writes itself (``app.toml``, ``settings.toml``, the
-login entry): they are plain I/O, not Qt.
+reports through its ``Host`` (:mod:`app.core.host`): the Qt controller (``app.qt.controller``) owns the
+windows, the node's process, the control link and the loop thread, and only forwards their events here;
+a test drives it with a recording host and no event loop. Files it writes itself (``app.toml``,
+``settings.toml``, the login entry): they are plain I/O, not Qt. When an outage is worth telling is
+:mod:`app.core.notices`'s call.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Coroutine
-from datetime import datetime, timedelta
+from datetime import datetime
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 
@@ -36,17 +37,14 @@ from .activity import Activity, milestone_crossed
 from .config import AppConfig, load_config, save_config
 from .consent import Consent, FirstRun
 from .errors import ConfigError, RegistrationError
+from .host import Host, Reply
+from .notices import UnreachableWatch
 from .paths import AppPaths
-from .presentation import View, present
+from .presentation import present
 from .registration import TokenPlace
 
 log = logging.getLogger(__name__)
 
-UNREACHABLE_NOTIFY_S = 60.0  # the node cannot reach the project this long: told once
-TOMORROW_HOUR = 7  # "Snooze until tomorrow": until 07:00 the next morning
-
-Done = Callable[[Any, BaseException | None], None]  # (result, error), called back on the host's thread
-Reply = Callable[[str | None], None]  # to a window: a sentence for the volunteer, or None when it worked
 Register = Callable[..., Coroutine[Any, Any, tuple[Credentials, TokenPlace]]]
 
 
@@ -62,55 +60,6 @@ class Phase(StrEnum):
     FAILED = "failed"  # the node kept failing: no more restarts until Resume
     QUITTING = "quitting"  # Quit: the windows are gone, the node is being stopped
     DONE = "done"  # everything stopped: the app leaves
-
-
-class Host(Protocol):
-    """What the lifecycle asks of the side that owns windows, processes and threads."""
-
-    def notify(self, title: str, text: str) -> None:
-        """Tell the volunteer: a tray message, or the no-tray window's note."""
-
-    def show_tray(self) -> None:
-        """The tray icon appears (nothing where the desktop has no tray)."""
-
-    def render(self, view: View) -> None:
-        """Show ``view`` everywhere: menu status line, Pause/Resume, tray icon and tooltip, windows."""
-
-    def show_wizard(self, first_run: FirstRun) -> None:
-        """Open the first-run wizard; it calls ``register`` and, once closed, ``wizard_closed``."""
-
-    def show_window(self) -> bool:
-        """Show the window that stands in for the tray; False where there is a tray instead."""
-
-    def start_node(self) -> None:
-        """Start the node's process (made once, from ``node_args``) and follow its control API."""
-
-    def restart_node(self) -> None:
-        """Start the node's process again after it was given up on."""
-
-    def start_updates(self, coordinator_url: str) -> None:
-        """Start the daily update check against what that server names."""
-
-    def run(self, work: Coroutine[Any, Any, Any], done: Done) -> None:
-        """Run ``work`` off the GUI thread; ``done(result, error)`` back on it."""
-
-    def send(self, cmd: str, done: Done | None, **args: Any) -> None:
-        """A command to the node's control API; ``done(result, error)`` back on the GUI thread."""
-
-    def show_node_status(self, status: dict[str, Any], new_point: bool) -> None:
-        """A new status for the status window, where it is open (``new_point``: a new chart point)."""
-
-    def node_state(self) -> tuple[str, str] | None:
-        """The node's process: (supervisor state, a sentence), or None before it was first started."""
-
-    def node_connected(self) -> bool:
-        """Whether the node's control API answers now."""
-
-    def wind_down(self, on_stopped: Callable[[], None]) -> None:
-        """Quit: hide every window, stop the node cleanly (bounded), then ``on_stopped`` (maybe twice)."""
-
-    def finish(self) -> None:
-        """Stop following the node, drop the tray, close the loop thread, leave the event loop."""
 
 
 class Lifecycle:
@@ -150,8 +99,7 @@ class Lifecycle:
         self.activity = Activity()
         self._stage = Phase.NEW  # STARTING stands for "the node was started": ``phase`` refines it
         self._rendered = False
-        self._unreachable_since: float | None = None
-        self._told_unreachable = False
+        self._unreachable = UnreachableWatch()
 
     @property
     def phase(self) -> Phase:
@@ -314,17 +262,11 @@ class Lifecycle:
         self._render()
 
     def _watch_unreachable(self, status: dict[str, Any]) -> None:
-        if status.get("state") == "starting" and status.get("errors"):
-            now = self._clock()
-            self._unreachable_since = self._unreachable_since or now
-            if now - self._unreachable_since >= UNREACHABLE_NOTIFY_S and not self._told_unreachable:
-                self._told_unreachable = True
-                self.host.notify(
-                    "Cannot reach the project",
-                    "Learning@home cannot reach the project's server and keeps trying. Nothing is lost.",
-                )
-        else:
-            self._unreachable_since, self._told_unreachable = None, False
+        if self._unreachable.tell(status, self._clock):
+            self.host.notify(
+                "Cannot reach the project",
+                "Learning@home cannot reach the project's server and keeps trying. Nothing is lost.",
+            )
 
     def _render(self) -> None:
         node = self.host.node_state()
@@ -442,8 +384,3 @@ class Lifecycle:
         self._stage = Phase.DONE
         self.host.finish()
 
-
-def seconds_until_tomorrow(now: datetime | None = None) -> float:
-    now = now or datetime.now()
-    morning = (now + timedelta(days=1)).replace(hour=TOMORROW_HOUR, minute=0, second=0, microsecond=0)
-    return (morning - now).total_seconds()

@@ -1,46 +1,33 @@
-"""Update check: a release manifest signed with Ed25519, checked against the key built into the app.
+"""Update check: fetch the release manifest, believe it only as signed and admitted, offer what is newer.
 
-Pure logic (no Qt), run by the ``lah update`` child: :func:`check_for_update` says whether a newer
-release exists; on the volunteer's click :func:`download_release` fetches the file for this platform and
-keeps it only if its size and SHA-256 are the ones the signed manifest names. Nothing is offered otherwise.
+Run by the ``lah update`` child (no Qt): :func:`check_for_update` says whether a newer release exists; on
+the volunteer's click :func:`download_release` fetches the file for this platform and keeps it only if its
+size and SHA-256 are the ones the signed manifest names. Nothing is offered otherwise. The manifest's
+format and signature are :mod:`app.core.manifest`'s; whether to believe a verified one now is
+:mod:`app.core.update_policy`'s. Every address is checked before it is contacted, every body bounded.
 
 Where the manifest is: the coordinator the app joined names it (``GET /api/updates`` ->
 ``{"manifest_url": "https://..." | null}``, :func:`advertised_source`); ``MANIFEST_URL`` is the project's
 own, for ``lah update`` run by hand. A coordinator can only point at a manifest, never make one: whatever
-it names must still carry the release key's signature and pass :mod:`app.update_policy`.
+it names must still carry the release key's signature and pass :mod:`app.core.update_policy`.
 
-The manifest is JSON: ``{"payload": base64, "signature": base64}``. The signature is over
-``SIGNING_CONTEXT + payload`` (a fixed prefix, so a signature made for anything else never verifies
-here); the payload is JSON (``issued_at`` and ``expires`` in seconds since 1970, UTC)::
-
-    {"schema": 2, "version": "0.2.0", "notes_url": "https://...", "issued_at": 1767225600,
-     "expires": 1774999600,
-     "downloads": {"linux-x86_64-deb": {"url": "https://...", "sha256": "<hex>", "size": 123}, ...}}
-
-``scripts/sign-release`` makes one with the private key. The exceptions are the app's
-(``app.errors``: ``UpdateError`` and its branches), re-exported here.
+The exceptions are the app's (``app.core.errors``: ``UpdateError`` and its branches), re-exported here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import hashlib
 import json
-import platform
 import re
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import aiohttp
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from yarl import URL
 
 from .errors import (
@@ -52,28 +39,15 @@ from .errors import (
     UpdateError,
     UpdateUnavailable,
 )
-from .update_policy import (
-    MAX_VALIDITY_S,
-    Seen,
-    admit,
-    build_version,
-    check_url,
-    load_seen,
-    parse_version,
-    save_seen,
-    url_allowed,
-)
+from .manifest import RELEASE_PUBLIC_KEY, Download, Release, parse_manifest, platform_key, verify_file
+from .update_policy import Seen, admit, build_version, check_url, load_seen, parse_version, save_seen
 
 __all__ = [
     "MANIFEST_URL",
-    "RELEASE_PUBLIC_KEY",
-    "SIGNING_CONTEXT",
-    "Download",
     "DownloadMismatch",
     "InsecureUrl",
     "ManifestInvalid",
     "ManifestRefused",
-    "Release",
     "SignatureInvalid",
     "UpdateCheck",
     "UpdateError",
@@ -81,46 +55,15 @@ __all__ = [
     "advertised_source",
     "check_for_update",
     "download_release",
-    "parse_manifest",
     "parse_version",
-    "platform_key",
-    "sign_manifest",
-    "verify_file",
 ]
 
 #: Where the project site publishes the newest release's manifest.
 MANIFEST_URL = "https://learning-at-home.org/releases/manifest.json"
-#: The release key's public half (raw 32 bytes, base64). The private half is kept off this repository by
-#: the release manager; ``scripts/sign-release keygen`` makes a pair. Until the project's real key is put
-#: here (installers/README.md, "Releases"), this is a key whose private half was discarded: no manifest
-#: verifies, so no update is ever offered.
-RELEASE_PUBLIC_KEY = "5MNZaRlBnASRyd553Bw1VY/KUyc61aLqWQofN0AQLAg="
-SIGNING_CONTEXT = b"learning-at-home release manifest v1\n"
 #: The coordinator's answer to "where are releases published?" (``coordinator/server/app.py``).
 SOURCE_PATH = "/api/updates"
-SCHEMA = 2  # 1 had no issue time or expiry, so any old copy stayed valid forever: refused
 MAX_MANIFEST_BYTES = 64 * 1024
 MAX_REDIRECTS = 5
-MAX_DOWNLOAD_BYTES = 4 << 30
-#: How long ``sign_manifest`` makes a manifest valid unless told: the release manager re-signs before.
-DEFAULT_VALIDITY_S = 90 * 86400
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-@dataclass(frozen=True)
-class Download:
-    url: str
-    sha256: str
-    size: int
-
-
-@dataclass(frozen=True)
-class Release:
-    version: str
-    notes_url: str
-    downloads: dict[str, Download]
-    issued_at: int  # seconds since 1970, UTC
-    expires: int
 
 
 @dataclass(frozen=True)
@@ -135,116 +78,6 @@ class UpdateCheck:
     def offer(self) -> bool:
         """Whether to tell the user: a newer release with a file for this platform."""
         return self.newer and self.download is not None
-
-
-def platform_key(deb: bool = False, variant: str = "") -> str:
-    """This machine's download key: ``linux-x86_64`` (``-deb`` for the package), ``windows-x86_64``,
-    ``macos-arm64``; ``variant`` (e.g. ``cuda``) for the GPU builds: ``linux-x86_64-cuda-deb``."""
-    system = {"win32": "windows", "darwin": "macos"}.get(sys.platform, "linux")
-    machine = platform.machine().lower().replace("amd64", "x86_64").replace("aarch64", "arm64")
-    key = f"{system}-{machine}" + (f"-{variant}" if variant else "")
-    return key + ("-deb" if deb and system == "linux" else "")
-
-
-def _b64(value: Any, what: str) -> bytes:
-    if not isinstance(value, str):
-        raise ManifestInvalid(f"{what} is not a base64 string")
-    try:
-        return base64.b64decode(value, validate=True)
-    except (binascii.Error, ValueError) as e:
-        raise ManifestInvalid(f"{what} is not valid base64") from e
-
-
-def _public_key(key: str | bytes | Ed25519PublicKey) -> Ed25519PublicKey:
-    if isinstance(key, Ed25519PublicKey):
-        return key
-    raw = base64.b64decode(key) if isinstance(key, str) else key
-    return Ed25519PublicKey.from_public_bytes(raw)
-
-
-def _download(name: str, raw: Any) -> Download:
-    if not isinstance(raw, dict):
-        raise ManifestInvalid(f"download {name!r} is not an object")
-    url, sha, size = raw.get("url"), raw.get("sha256"), raw.get("size")
-    if not isinstance(url, str) or not url_allowed(url):
-        raise ManifestInvalid(f"download {name!r}: url must be https")
-    if not isinstance(sha, str) or not _SHA256.match(sha):
-        raise ManifestInvalid(f"download {name!r}: sha256 must be 64 lowercase hex digits")
-    if isinstance(size, bool) or not isinstance(size, int) or not 0 < size <= MAX_DOWNLOAD_BYTES:
-        raise ManifestInvalid(f"download {name!r}: size must be a positive number of bytes")
-    return Download(url, sha, size)
-
-
-def _seconds(body: dict[str, Any], name: str) -> int:
-    value = body.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ManifestInvalid(f"the manifest's {name} must be a positive number of seconds since 1970")
-    return value
-
-
-def parse_manifest(raw: bytes, public_key: str | bytes | Ed25519PublicKey = RELEASE_PUBLIC_KEY) -> Release:
-    """The release in a manifest, after its signature verifies; raises :class:`ManifestInvalid` and
-    :class:`SignatureInvalid`. Whether to believe it now is :func:`app.update_policy.admit`'s call."""
-    try:
-        envelope = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestInvalid("the manifest is not JSON") from e
-    if not isinstance(envelope, dict):
-        raise ManifestInvalid("the manifest is not a JSON object")
-    payload = _b64(envelope.get("payload"), "payload")
-    signature = _b64(envelope.get("signature"), "signature")
-    try:
-        _public_key(public_key).verify(signature, SIGNING_CONTEXT + payload)
-    except (InvalidSignature, ValueError) as e:
-        raise SignatureInvalid("the manifest's signature does not verify with the release key") from e
-    try:
-        body = json.loads(payload)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ManifestInvalid("the signed payload is not JSON") from e
-    if not isinstance(body, dict) or body.get("schema") != SCHEMA:
-        raise ManifestInvalid(f"unknown manifest schema (this app reads schema {SCHEMA})")
-    version, notes, downloads = body.get("version"), body.get("notes_url", ""), body.get("downloads")
-    if not isinstance(version, str) or not isinstance(notes, str) or not isinstance(downloads, dict):
-        raise ManifestInvalid("version, notes_url or downloads is missing or of the wrong type")
-    parse_version(version)
-    issued_at, expires = _seconds(body, "issued_at"), _seconds(body, "expires")
-    if not 0 < expires - issued_at <= MAX_VALIDITY_S:
-        raise ManifestInvalid(
-            f"the manifest must expire after it is issued and within {MAX_VALIDITY_S // 86400} days"
-        )
-    parsed = {str(k): _download(str(k), v) for k, v in downloads.items()}
-    return Release(version, notes, parsed, issued_at, expires)
-
-
-def sign_manifest(
-    version: str,
-    downloads: dict[str, Download],
-    private_key: Ed25519PrivateKey,
-    notes_url: str = "",
-    *,
-    issued_at: int | None = None,
-    valid_for_s: int = DEFAULT_VALIDITY_S,
-) -> bytes:
-    """A manifest for ``scripts/sign-release`` (and the tests): the payload, signed; issued now unless
-    ``issued_at`` says otherwise."""
-    parse_version(version)
-    issued = int(time.time()) if issued_at is None else issued_at
-    body = {
-        "schema": SCHEMA,
-        "version": version,
-        "notes_url": notes_url,
-        "issued_at": issued,
-        "expires": issued + valid_for_s,
-        "downloads": {k: {"url": d.url, "sha256": d.sha256, "size": d.size} for k, d in downloads.items()},
-    }
-    payload = json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-    signature = private_key.sign(SIGNING_CONTEXT + payload)
-    envelope = {"payload": _text(payload), "signature": _text(signature)}
-    return json.dumps(envelope, indent=1).encode()
-
-
-def _text(raw: bytes) -> str:
-    return base64.b64encode(raw).decode()
 
 
 async def _get(url: str, timeout: float, what: str) -> tuple[int, bytes]:
@@ -341,19 +174,6 @@ async def check_for_update(
     elif download is None:
         notes.append(f"release {release.version} has no file for {platform or platform_key()}")
     return UpdateCheck(current, release, newer, download, "; ".join(n for n in notes if n))
-
-
-def verify_file(path: Path, download: Download) -> None:
-    """Raise :class:`DownloadMismatch` unless ``path`` has the manifest's size and SHA-256."""
-    size = path.stat().st_size
-    if size != download.size:
-        raise DownloadMismatch(f"{path.name}: {size} bytes, the release manifest says {download.size}")
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    if h.hexdigest() != download.sha256:
-        raise DownloadMismatch(f"{path.name}: SHA-256 differs from the release manifest's")
 
 
 def _file_name(url: str) -> str:

@@ -24,7 +24,9 @@ from PySide6.QtWidgets import QApplication, QSystemTrayIcon, QWidget
 from app.core.activity import Activity
 from app.core.config import AppConfig
 from app.core.consent import FirstRun
-from app.core.lifecycle import Done, Lifecycle, seconds_until_tomorrow
+from app.core.host import Done
+from app.core.lifecycle import Lifecycle
+from app.core.notices import seconds_until_tomorrow
 from app.core.paths import AppPaths
 from app.core.presentation import View
 from app.core.update_policy import STATE_NAME

@@ -17,7 +17,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QWizard
 
-from app.core import lifecycle
+from app.core import notices
 from app.core.config import AppConfig, load_config, save_config
 from app.core.errors import ConfigError
 from app.core.paths import AppPaths
@@ -128,7 +128,7 @@ def test_first_run_with_the_coordinator_down_says_so_and_retries(
 def test_coordinator_down_later_is_shown_and_told_once_then_recovers(
     app_env: Path, tmp_path: Path, make_controller: Make, wait_until: Wait, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(lifecycle, "UNREACHABLE_NOTIFY_S", 1.0)
+    monkeypatch.setattr(notices, "UNREACHABLE_NOTIFY_S", 1.0)
     port = free_port()
     consented(f"http://127.0.0.1:{port}")
     c = make_controller(use_tray=False)

@@ -15,7 +15,7 @@ import pytest
 
 from app.core import autostart
 from app.core.activity import Activity, clock_ticks, milestone_crossed
-from app.core.lifecycle import seconds_until_tomorrow
+from app.core.notices import seconds_until_tomorrow
 from app.core.presentation import human_bytes, present
 from app.qt.supervisor import node_command, rotate
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from app.core.updates import Download, sign_manifest
+from app.core.manifest import Download, sign_manifest
 from app.qt.controller import AppController
 from app.qt.update_check import UpdateChecker
 

@@ -22,8 +22,8 @@ import pytest
 from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from app.core.manifest import Download, parse_manifest, sign_manifest
 from app.core.updates import (
-    Download,
     DownloadMismatch,
     InsecureUrl,
     ManifestInvalid,
@@ -35,8 +35,6 @@ from app.core.updates import (
     advertised_source,
     check_for_update,
     download_release,
-    parse_manifest,
-    sign_manifest,
 )
 from lah import update as lah_update
 

@@ -14,11 +14,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from app.core import lifecycle
+from app.core import notices
 from app.core.config import AppConfig, load_config, save_config
 from app.core.consent import Consent, FirstRun
 from app.core.errors import RegistrationError
-from app.core.lifecycle import Done, Lifecycle, Phase, seconds_until_tomorrow
+from app.core.host import Done
+from app.core.lifecycle import Lifecycle, Phase
+from app.core.notices import seconds_until_tomorrow
 from app.core.paths import AppPaths
 from app.core.presentation import View
 from app.core.registration import TokenPlace
@@ -334,14 +336,14 @@ def test_an_unreachable_project_is_told_once_after_a_minute_and_forgotten_once_b
     down = {"state": "starting", "errors": [{"message": "coordinator unreachable"}]}
     m.life.status_received(down)
     assert m.life.view.headline == "Cannot reach the project" and m.host.notices == []
-    m.clock.t += lifecycle.UNREACHABLE_NOTIFY_S
+    m.clock.t += notices.UNREACHABLE_NOTIFY_S
     m.life.status_received(down)
     m.clock.t += 5
     m.life.status_received(down)
     assert [t for t, _ in m.host.notices] == ["Cannot reach the project"]
     m.life.status_received({"state": "running", "experts": []})
     m.life.status_received(down)
-    m.clock.t += lifecycle.UNREACHABLE_NOTIFY_S
+    m.clock.t += notices.UNREACHABLE_NOTIFY_S
     m.life.status_received(down)
     assert [t for t, _ in m.host.notices] == ["Cannot reach the project"] * 2
 

@@ -12,7 +12,9 @@ uses engine.files and dht_finder engine.dht; nothing here imports Qt, app/ or co
     batching.py      TaskPool: requests merged into batches on one worker thread per device
     fused.py         many experts' backward batches as one autograd call and one Adam pass (each expert
                      still takes its own step)
-    backend.py       ExpertBackend: module + Adam + input checks + forward/backward pools
+    guard.py         GuardConfig, NormBound, ShareWindow, JumpDetector: bounds on what bad trainers
+                     can do to an expert (pure policy)
+    backend.py       ExpertBackend: module + Adam + input checks + guards + forward/backward pools
     weights.py       an expert's weights as a host reports them: the registry's order, one sha256 both ends
                      compute (weights_digest), the layout a spec's module has (state_layout)
     server.py        ExpertServer: moe.forward / moe.backward / moe.info / moe.state handlers, stats,
@@ -43,6 +45,8 @@ Exceptions (one tree)::
     │   ├── BadInput           "bad_input": wrong shape, dtype, non-finite values, bad activation id
     │   ├── UnknownExpert      "unknown_expert": no such uid on this host
     │   ├── InputsEvicted      "inputs_evicted": backward's inputs are gone; the trainer re-sends them
+    │   ├── GradientTooLarge   "grad_too_large": a backward over the expert's bound on recent sizes
+    │   ├── OverShare          "over_share": a trainer over its share of the expert's recent updates
     │   └── ExpertUnavailable  "unavailable": the host is shutting down
     └── ExpertCallFailed       trainer side: a remote call failed (``code``: the host's, or "timeout",
         │                      "connection", "bad_reply")
@@ -66,12 +70,15 @@ from .errors import (
     ExpertCallFailed,
     ExpertRequestError,
     ExpertUnavailable,
+    GradientTooLarge,
     InputsEvicted,
     MoEError,
     NotEnoughExperts,
+    OverShare,
     SpecError,
     UnknownExpert,
 )
+from .guard import GuardConfig
 from .local import LocalMixtureOfExperts
 from .loop_thread import LoopThread
 from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
@@ -97,11 +104,14 @@ __all__ = [
     "ExpertServer",
     "ExpertSpec",
     "ExpertUnavailable",
+    "GradientTooLarge",
+    "GuardConfig",
     "InputsEvicted",
     "LocalMixtureOfExperts",
     "LoopThread",
     "MoEError",
     "NotEnoughExperts",
+    "OverShare",
     "RemoteExpert",
     "RemoteMixtureOfExperts",
     "SpecError",

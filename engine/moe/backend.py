@@ -10,6 +10,10 @@ With ``keep_graphs=False`` forwards run under ``torch.inference_mode`` and every
 
 Everything a peer sends is checked here before it reaches a batch (shape against the spec, dtype, finite
 values): one malformed request must fail alone with ``bad_input``, not poison the batch it joins.
+With a :class:`~.guard.GuardConfig` (``guard=``: :data:`DEFAULT_GUARD` unless told otherwise, ``None``
+for none) a backward must also pass the expert's bounds on bad trainers before it joins a batch (its
+size against the recent ones, its sender's share of the recent updates: :mod:`.guard`). Refusals are
+counted in :class:`BackendStats` (``grad_refused``, ``share_refused``).
 """
 
 from __future__ import annotations
@@ -29,10 +33,11 @@ from engine.wire import all_finite
 from .batching import DutyCycle, TaskPool
 from .cache import ActivationCache
 from .checkpoint import Checkpoint, restore_state, snapshot_state
-from .errors import BadInput, ExpertUnavailable, InputsEvicted
+from .errors import BadInput, ExpertUnavailable, GradientTooLarge, InputsEvicted, OverShare
 from .fused import backward_together
 from .graphs import BackwardRequest, GraphSlice, forward_keeping_graph
 from .graphs import backward as graph_backward
+from .guard import GuardConfig, NormBound, ShareWindow, row_rms
 from .registry import ExpertSpec, build, input_shape
 
 __all__ = ["ALLOWED_DTYPES", "BackendStats", "ExpertBackend", "default_device"]
@@ -47,6 +52,8 @@ GRAPH_BYTES = 512 << 20
 #: elements on one core; below that a hand-over to a thread and back costs the loop more in wake-ups.
 THREAD_CHECK_ELEMENTS = 1 << 20
 MAX_ACTIVATION_ID = 64
+#: Every host's bounds against bad trainers unless it is given others (``guard=None``: none at all).
+DEFAULT_GUARD = GuardConfig()
 
 
 def default_device() -> torch.device:
@@ -65,6 +72,8 @@ class BackendStats:
     inputs_evicted: int = 0
     recomputed_samples: int = 0  # backward samples whose forward ran again (no kept graph)
     graphs_refused: int = 0  # forward batches that ran without a graph for want of device memory
+    grad_refused: int = 0  # backwards over the bound on recent gradient sizes (guard)
+    share_refused: int = 0  # backwards over their trainer's share of recent updates (guard)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -90,6 +99,7 @@ class ExpertBackend:
         seed: int | None = None,
         duty: DutyCycle | None = None,
         keep_graphs: bool = True,
+        guard: GuardConfig | None = DEFAULT_GUARD,
     ) -> None:
         self.uid = uid
         self.spec = spec
@@ -131,6 +141,9 @@ class ExpertBackend:
         )
         self.stats = BackendStats()
         self.closed = False
+        self.guard = guard
+        self.norms = NormBound(guard) if guard is not None else None
+        self.shares = ShareWindow(guard) if guard is not None else None
 
     # -- requests (event loop) -------------------------------------------------------------------
 
@@ -178,6 +191,8 @@ class ExpertBackend:
                 raise self._evicted(activation_id)
             if shape != tuple(grad_outputs.shape):
                 raise BadInput(f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(shape)}")
+            if self.guard is not None:
+                await self._admit(peer_id, grad_outputs)
             grad_inputs: torch.Tensor | None
             (grad_inputs,) = await self.backward_pool.submit(grad_outputs, inputs, kept)
             if grad_inputs is None:  # its graph went to a sibling's backward meanwhile, and no inputs
@@ -188,6 +203,27 @@ class ExpertBackend:
         self.stats.backward_requests += 1
         self.stats.backward_samples += int(grad_outputs.shape[0])
         return grad_inputs
+
+    async def _admit(self, peer_id: str, grad_outputs: torch.Tensor) -> None:
+        """The guard's bounds (:mod:`.guard`): the request's size, then its sender's share. Nothing is
+        awaited between the checks and their records, so concurrent requests see each other's."""
+        assert self.norms is not None and self.shares is not None
+        if grad_outputs.numel() >= THREAD_CHECK_ELEMENTS:
+            squared = await asyncio.to_thread(_squared_norm, grad_outputs)
+        else:
+            squared = _squared_norm(grad_outputs)
+        rows = int(grad_outputs.shape[0])
+        try:
+            self.norms.admit(peer_id, row_rms(squared, rows), self.uid)
+            self.shares.admit(peer_id, rows, self.uid)
+        except GradientTooLarge as e:
+            self.stats.grad_refused += 1
+            logger.warning("refused a backward from %s: %s", peer_id, e)
+            raise
+        except OverShare as e:
+            self.stats.share_refused += 1
+            logger.warning("refused a backward from %s: %s", peer_id, e)
+            raise
 
     def _evicted(self, activation_id: str) -> InputsEvicted:
         self.stats.inputs_evicted += 1
@@ -288,6 +324,10 @@ class ExpertBackend:
         await self.backward_pool.drain(drain_timeout)
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
+
+
+def _squared_norm(x: torch.Tensor) -> float:
+    return float(torch.linalg.vector_norm(x, dtype=torch.float32).square())
 
 
 def _check_activation_id(activation_id: object) -> None:

@@ -44,6 +44,18 @@ class InputsEvicted(ExpertRequestError):
     code = "inputs_evicted"
 
 
+class GradientTooLarge(ExpertRequestError):
+    """A backward whose output gradient is over the expert's bound on recent sizes (:mod:`.guard`)."""
+
+    code = "grad_too_large"
+
+
+class OverShare(ExpertRequestError):
+    """A backward that would give its trainer more than its share of the expert's updates (:mod:`.guard`)."""
+
+    code = "over_share"
+
+
 class ExpertUnavailable(ExpertRequestError):
     """The host is shutting down (or the backend is closed) and takes no new work."""
 

@@ -8,6 +8,9 @@ Keys (stable; new ones may be added)::
     lm_experiments               the language models whose layers' experts it hosts (the site has a page
                                  for each: ``<coordinator>/experiments/<name>``)
     requests_served, requests_refused, in_flight
+    trainers_refused             the hosted experts' guards (engine.moe.guard), summed: backwards refused
+                                 for their size (grad_too_large) or their sender's share (over_share), and
+                                 rollbacks after a jump on an expert's probe
     bytes_up, bytes_down         over the open links
     transport                    the links' SCTP senders summed: retransmissions, recoveries, RTO expiries,
                                  srtt median and worst, cwnd, controllers (see engine.p2p.ice_stats)
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.p2p.ice_stats import summarize_transport, transport_stats
@@ -55,6 +59,7 @@ STATUS_KEYS = (
     "accepting",
     "requests_served",
     "requests_refused",
+    "trainers_refused",
     "in_flight",
     "bytes_up",
     "bytes_down",
@@ -123,6 +128,19 @@ def lm_experiments(v: StatusSource) -> list[str]:
     return sorted({e.part_of for e in experts if e.part_of and e.uid in hosted})
 
 
+#: An expert's stats (engine.moe.BackendStats) -> the status's name for each guard counter.
+GUARD_COUNTERS = {"grad_refused": "grad_too_large", "share_refused": "over_share", "rollbacks": "rollbacks"}
+
+
+def guard_counts(experts: Iterable[Mapping[str, int]]) -> dict[str, int]:
+    """The guards' counters of every hosted expert, summed (a node that hosts nothing: zeros)."""
+    totals = dict.fromkeys(GUARD_COUNTERS.values(), 0)
+    for stats in experts:
+        for key, name in GUARD_COUNTERS.items():
+            totals[name] += int(stats.get(key, 0))
+    return totals
+
+
 def build_status(v: StatusSource) -> dict[str, Any]:
     decision = v.governor.decision if v.governor is not None else None
     if v.stopping:
@@ -162,6 +180,7 @@ def build_status(v: StatusSource) -> dict[str, Any]:
         "accepting": v.gate.open,
         "requests_served": v.hosting.requests_served(),
         "requests_refused": v.gate.refused,
+        "trainers_refused": guard_counts(v.hosting.stats().values()),
         "in_flight": v.gate.in_flight,
         "bytes_up": sum(lk.rpc.channel.bytes_sent for lk in links),
         "bytes_down": sum(lk.rpc.channel.bytes_received for lk in links),

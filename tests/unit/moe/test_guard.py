@@ -1,0 +1,169 @@
+"""The host's bounds against bad trainers as pure policy (engine.moe.guard): numbers in, decisions out."""
+
+import math
+
+import pytest
+
+from engine.moe import GradientTooLarge, GuardConfig, OverShare
+from engine.moe.guard import JumpDetector, NormBound, ShareWindow, row_rms
+
+CONFIG = GuardConfig(norm_multiple=4.0, norm_window=64, norm_warmup=8, jump_multiple=5.0, jump_warmup=4)
+
+
+def warm(bound: NormBound, peers: int = 4, rounds: int = 4, size: float = 1.0) -> None:
+    for r in range(rounds):
+        for p in range(peers):
+            bound.admit(f"peer{p}", size * (1 + 0.1 * ((r + p) % 3)))
+
+
+def test_row_rms_is_independent_of_the_request_size() -> None:
+    assert row_rms(4.0 * 10, 10) == pytest.approx(2.0)
+    assert row_rms(4.0, 1) == row_rms(40.0, 10)
+    assert row_rms(-1e-12, 3) == 0.0  # rounding below zero is not an error
+
+
+def test_no_bound_while_warming_up_or_with_one_trainer() -> None:
+    bound = NormBound(CONFIG)
+    for _ in range(20):
+        bound.admit("alone", 1.0)
+    assert bound.bound is None  # one trainer: nobody to protect from it
+    bound.admit("alone", 1e6)  # so this passes
+    fresh = NormBound(CONFIG)
+    fresh.admit("a", 1.0)
+    fresh.admit("b", 1.0)
+    assert fresh.bound is None  # 2 of the 8 warm-up requests
+    fresh.admit("b", 1e6)
+
+
+def test_a_gradient_over_the_multiple_is_refused_and_recorded_at_the_bound() -> None:
+    bound = NormBound(CONFIG)
+    warm(bound)
+    limit = bound.bound
+    assert limit is not None and 4.0 <= limit <= 4.0 * 1.2
+    bound.admit("peer0", limit * 0.99)  # just under: taken
+    limit = bound.bound
+    assert limit is not None
+    with pytest.raises(GradientTooLarge, match="over 4 x the expert's recent median") as e:
+        bound.admit("attacker", 1000.0)
+    assert e.value.code == "grad_too_large"
+    assert bound._recorded[-1] == ("attacker", limit)  # its vote is the bound, not 1000
+
+
+def test_many_requests_of_a_minority_do_not_move_the_bound() -> None:
+    bound = NormBound(CONFIG)
+    warm(bound, peers=5)
+    before = bound.bound
+    assert before is not None
+    for _ in range(500):  # two attackers flood the window with refusals at (and under) the bound
+        for attacker in ("evil1", "evil2"):
+            with pytest.raises(GradientTooLarge):
+                bound.admit(attacker, 1e9)
+        bound.admit(f"peer{_ % 5}", 1.0)
+    after = bound.bound
+    assert after is not None and after <= before * 1.2
+
+
+def test_a_change_of_scale_that_every_trainer_shares_is_followed() -> None:
+    """The loss jumps for everyone: refused at first, then the median climbs and they pass again."""
+    bound = NormBound(CONFIG)
+    warm(bound)
+    refused = 0
+    for r in range(200):
+        try:
+            bound.admit(f"peer{r % 4}", 100.0)
+        except GradientTooLarge:
+            refused += 1
+    assert 0 < refused < 150
+    bound.admit("peer0", 100.0)
+
+
+def test_nan_size_is_refused_and_not_recorded() -> None:
+    bound = NormBound(CONFIG)
+    with pytest.raises(GradientTooLarge, match="not a number"):
+        bound.admit("p", math.nan)
+    assert not bound._recorded
+
+
+def test_share_cap_is_twice_a_fair_share_or_the_stated_share() -> None:
+    window = ShareWindow(GuardConfig(max_share=0.25, share_per_active=2.0, share_window=100))
+    assert window.cap("a") == 2.0  # alone: no bound
+    window.admit("a", 50)
+    window.admit("b", 10)
+    assert window.cap("c") == pytest.approx(2 / 3)
+    for p in "cdefgh":
+        window.admit(p, 5)
+    assert window.cap("a") == pytest.approx(0.25)  # 8 trainers: 2/8
+
+
+def test_one_trainer_alone_is_never_refused() -> None:
+    window = ShareWindow(GuardConfig(share_window=64))
+    for _ in range(100):
+        window.admit("only", 16)
+    assert window.share("only") == 1.0
+
+
+def test_a_trainer_over_its_share_is_refused_and_nothing_is_counted() -> None:
+    window = ShareWindow(GuardConfig(max_share=0.25, share_per_active=2.0, share_window=1000))
+    for p in range(8):
+        window.admit(f"honest{p}", 10)
+    window.admit("greedy", 10)
+    taken = refused = 0
+    for _ in range(50):
+        for _ in range(3):  # three times an honest trainer's updates
+            try:
+                window.admit("greedy", 10)
+                taken += 1
+            except OverShare as e:
+                assert e.code == "over_share" and "at most 0.25" in str(e)
+                refused += 1
+        for p in range(8):
+            window.admit(f"honest{p}", 10)
+    assert refused > 0 and taken > 0
+    assert window.share("greedy") <= window.cap("greedy") + 1e-9
+
+
+def test_the_window_slides_and_forgets_old_trainers() -> None:
+    window = ShareWindow(GuardConfig(share_window=40))
+    window.admit("old", 30)
+    for _ in range(10):
+        window.admit("new", 5)
+    assert window.share("old") == 0.0 and window._total <= 40
+    assert "old" not in window._by_peer
+
+
+def test_jump_after_warm_up_only_and_recorded_at_the_bound() -> None:
+    detector = JumpDetector(CONFIG)
+    for _ in range(4):
+        assert not detector.judge(1.0)
+    assert detector.bound == 5.0
+    assert not detector.judge(4.9)
+    assert detector.judge(50.0)
+    assert max(detector._moves) <= 5.0
+    assert detector.judge(math.nan) and detector.judge(math.inf)  # broken weights: always a jump
+
+
+def test_a_lasting_change_of_pace_stops_being_a_jump() -> None:
+    detector = JumpDetector(GuardConfig(jump_multiple=2.0, jump_window=8, jump_warmup=2))
+    for _ in range(8):
+        detector.judge(1.0)
+    jumps = [detector.judge(10.0) for _ in range(20)]
+    assert jumps[0] and not jumps[-1]
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"norm_multiple": 1.0},
+        {"jump_multiple": 0.5},
+        {"max_share": 0.0},
+        {"max_share": 1.5},
+        {"share_per_active": 0.0},
+        {"norm_window": 0},
+        {"probe_every": 0},
+        {"jump_warmup": 0},
+        {"norm_warmup": -1},
+    ],
+)
+def test_impossible_configs_are_refused(fields: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        GuardConfig(**fields)  # type: ignore[arg-type]

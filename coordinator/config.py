@@ -167,6 +167,12 @@ class CoordinatorConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True)
     offer_burst: int = 64
     receipts_per_account_per_minute: int = 60_000  # receipts (and batches) a trainer account may post
     max_receipt_credit: float = 10_000.0  # credit one receipt may carry; more is refused
+    # Credit a host may earn per hour of serving, by the device it declared (coordinator.credit.rules);
+    # one trainer account may grant a host at most pair_credit_share of it.
+    host_credit_per_hour: dict[str, float] = msgspec.field(
+        default_factory=lambda: {"cpu": 2.0e7, "cuda": 2.0e8, "mps": 5.0e7}
+    )
+    pair_credit_share: float = 0.5
     invite_ttl_s: int = 14 * 86400  # how long an invitation code stays valid
     exports_dir: str | None = None  # the site's daily dumps; None: "exports" in the user data dir
     # The signed release manifest this project's apps check (GET /api/updates); None: they check none.

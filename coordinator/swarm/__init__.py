@@ -4,7 +4,8 @@ collaboration, and trainers' evaluations of an experiment's model; and the JSON 
 Modules, bottom up (each imports only those above it in this list):
 
 - ``assignment``: which experts a node should host (every expert covered by at least ``replication``
-  hosts): pure planning, then the database's assignments.
+  hosts): pure planning, then the database's assignments and the history of who held what when (what
+  the ledger credits by); a trainer account's hosts get none (``ledger.TRAINER_ROLES``).
 - ``collab_status``: collaborative trainers' status reports (schema, checks, storage) and the swarm's
   view of each collaboration; a report's processed samples feed ``coordinator.credit.training``.
 - ``progress``: trainers' evaluation reports (step, tokens, validation loss, a generated sample),
@@ -18,7 +19,7 @@ Modules, bottom up (each imports only those above it in this list):
 HTTP; the three ``api_`` modules sit above it and above :mod:`coordinator.http.framework`, like every
 JSON API of the coordinator. The site's pages (:mod:`coordinator.site`) read the first three too.
 
-May import: coordinator.config, coordinator.credit.training, coordinator.db, coordinator.http,
-    coordinator.hub.signaling, coordinator.replicas.shared_limits,
+May import: coordinator.config, coordinator.credit.ledger, coordinator.credit.training, coordinator.db,
+    coordinator.http, coordinator.hub.signaling, coordinator.replicas.shared_limits,
     coordinator.services, engine.wire.statements
 """

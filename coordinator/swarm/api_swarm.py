@@ -11,7 +11,8 @@ of ("" for a classifier's grid): the tray app links the model's page on the site
 
 What a node claims is checked against what a machine can have: ``memory_bytes`` at most
 ``MAX_MEMORY_BYTES`` for its device (more would win it the whole grid), an energy report at most
-``MAX_HOST_KW`` times the hours since the host's previous report (or since it was bound).
+``MAX_HOST_KW`` times the hours since the host's previous report (or since it was bound). A trainer's
+(or an admin's) account does not host: 403 ``trainer_cannot_host``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from ..db.models import Host
 from ..http.framework import ApiError, account_errors, authenticate, read_body
 from ..hub.signaling import HUB_KEY
 from ..services import SERVICES
-from .assignment import Capacity, assign_host
+from .assignment import Capacity, TrainerCannotHost, assign_host
 
 # The largest memory one device of a volunteer's machine plausibly offers: big servers' RAM, the
 # largest accelerators (a node uses one device), Apple's largest unified memory.
@@ -74,14 +75,17 @@ async def assignment(request: web.Request) -> web.StreamResponse:
         raise ApiError(403, "host_not_bound", "bind this host to your account first (POST /api/hosts)")
     config = services.config
     now = time.time()
-    pairs = await assign_host(
-        services.sessions,
-        config.grids,
-        body.peer_id,
-        Capacity(body.device, body.memory_bytes, body.upload_bytes_per_s),
-        now=now,
-        ttl_s=config.assignment_ttl_s,
-    )
+    try:
+        pairs = await assign_host(
+            services.sessions,
+            config.grids,
+            body.peer_id,
+            Capacity(body.device, body.memory_bytes, body.upload_bytes_per_s),
+            now=now,
+            ttl_s=config.assignment_ttl_s,
+        )
+    except TrainerCannotHost as e:
+        raise ApiError(403, "trainer_cannot_host", str(e)) from e
     by_name = {e.name: e for e in config.grids}
     expires = now + config.assignment_ttl_s
     async with services.sessions() as session:

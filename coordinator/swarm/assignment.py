@@ -6,6 +6,12 @@ uid) so that hosts arriving together spread over the grid instead of all taking 
 experts. Then the database side (:func:`assign_host`): coverage is counted from unexpired
 assignments, this host's existing assignments are kept and renewed (a node that reconnects keeps
 its experts and their learned weights), and new ones are added up to its capacity.
+
+Every holding is also kept in ``assignment_spans`` (a renewal extends the open span, a new expert opens
+one, an expert given back closes its span now), with the capacity the node declared: the ledger credits a
+receipt only for a host that held the expert when it served, and caps a host's credit per hour by that
+capacity (:mod:`coordinator.credit.rules`). A trainer account's key signs receipts and never hosts
+(``TrainerCannotHost``): a trainer could otherwise pay its own hosts.
 """
 
 from __future__ import annotations
@@ -15,15 +21,20 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Table, bindparam, delete, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from ..config import ExperimentConfig
-from ..db.models import Assignment
+from ..credit.ledger import TRAINER_ROLES
+from ..db.models import Account, Assignment, AssignmentSpan, Host
 
 #: Bytes an expert takes on a host per parameter: weights, gradients and Adam's two moments in float32.
 BYTES_PER_PARAM = 16
 DEFAULT_EXPERT_BYTES = 64 << 20
+
+
+class TrainerCannotHost(PermissionError):
+    """The host's account is a trainer's (or an admin's): its keys sign receipts and do not host."""
 
 
 @dataclass(frozen=True)
@@ -94,8 +105,16 @@ async def assign_host(
     result: list[tuple[str, str]] = []
     budget = capacity.memory_bytes
     grids = list(experiments)
+    given_back: list[str] = []
     async with sessions() as session, session.begin():
         await session.execute(delete(Assignment).where(Assignment.expires_at <= now))
+        role = (
+            await session.execute(
+                select(Account.role).join(Host, Host.account_id == Account.id).where(Host.peer_id == host)
+            )
+        ).scalar()
+        if role in TRAINER_ROLES:
+            raise TrainerCannotHost(f"a {role} account does not host: bind another account's key to host")
         for index, experiment in enumerate(grids):
             mine = (
                 await session.execute(
@@ -112,6 +131,7 @@ async def assign_host(
                     budget -= size
                     kept.append(row.expert_uid)
                 else:  # the node's budget shrank: give experts back
+                    given_back.append(row.expert_uid)
                     await session.delete(row)
             cover = await coverage(session, experiment.name, now)
             share = budget // (len(grids) - index)
@@ -128,4 +148,48 @@ async def assign_host(
                 )
             budget -= size * len(fresh)
             result += [(experiment.name, uid) for uid in [*kept, *fresh]]
+        await record_spans(session, host, [uid for _, uid in result], given_back, capacity, now, now + ttl_s)
     return result
+
+
+async def record_spans(
+    session: AsyncSession,
+    host: str,
+    held: list[str],
+    given_back: list[str],
+    capacity: Capacity,
+    now: float,
+    until: float,
+) -> None:
+    """Extend the open span of each expert ``host`` keeps (or open one), and close those it gave back."""
+    spans: Table = AssignmentSpan.__table__  # type: ignore[assignment]
+    open_rows = (
+        await session.execute(
+            select(spans.c.id, spans.c.expert_uid).where(
+                spans.c.host_peer_id == host, spans.c.held_until >= now
+            )
+        )
+    ).all()
+    open_by_uid = {uid: span_id for span_id, uid in open_rows}
+    extend = [{"k": open_by_uid[uid], "u": until} for uid in held if uid in open_by_uid]
+    if extend:
+        await (await session.connection()).execute(
+            update(spans).where(spans.c.id == bindparam("k")).values(held_until=bindparam("u")), extend
+        )
+    fresh = [
+        {
+            "host_peer_id": host,
+            "expert_uid": uid,
+            "held_from": now,
+            "held_until": until,
+            "device": capacity.device,
+            "memory_bytes": capacity.memory_bytes,
+        }
+        for uid in held
+        if uid not in open_by_uid
+    ]
+    if fresh:
+        await session.execute(spans.insert(), fresh)
+    closed = [open_by_uid[uid] for uid in given_back if uid in open_by_uid]
+    if closed:
+        await session.execute(update(spans).where(spans.c.id.in_(closed)).values(held_until=now))

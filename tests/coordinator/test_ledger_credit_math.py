@@ -1,13 +1,14 @@
 """The ledger's credit math at its edges, without a database (issue 17: every credit counter pinned).
 
-``_precheck``, ``_covered``, ``_recent_params`` and the per-subject sums are what ``ingest`` applies to each
-receipt; the database tests run them end to end, these pin each bound and each sum.
+``_precheck``, ``rules.withheld_by``, ``_recent_params`` and the per-subject sums are what ``ingest``
+applies to each receipt; the database tests run them end to end, these pin each bound and each sum.
 """
 
 import math
 
 import pytest
 
+from coordinator.credit.credit_plan import _Delta, _recent_params
 from coordinator.credit.ledger import (
     DAY_S,
     HALF_LIFE_S,
@@ -16,10 +17,7 @@ from coordinator.credit.ledger import (
     MAX_SKEW_S,
     CreditPlan,
     IngestResult,
-    _covered,
-    _Delta,
     _precheck,
-    _recent_params,
     add_credit,
     day_of,
     decay,
@@ -28,6 +26,7 @@ from coordinator.credit.ledger import (
     receipt_credit,
 )
 from coordinator.credit.receipts import SignedReceipt
+from coordinator.credit.rules import withheld_by
 
 NOW = 1_800_000_000.0
 TRAINER, HOST = "aa" * 20, "bb" * 20
@@ -73,8 +72,9 @@ def test_precheck_limits_are_the_documented_ones() -> None:
 
 
 def test_spot_check_period_covers_both_ends() -> None:
-    periods = [(10.0, 20.0), (40.0, 50.0)]
-    assert [_covered(periods, t) for t in (9.9, 10.0, 15.0, 20.0, 20.1, 40.0, 50.0, 50.1)] == [
+    # One reporter (account 7) withholds its own receipts only, over both ends of its periods.
+    flags = [(10.0, 20.0, 7), (40.0, 50.0, 7)]
+    assert [withheld_by(flags, t, 7) for t in (9.9, 10.0, 15.0, 20.0, 20.1, 40.0, 50.0, 50.1)] == [
         False,
         True,
         True,
@@ -84,7 +84,14 @@ def test_spot_check_period_covers_both_ends() -> None:
         True,
         False,
     ]
-    assert not _covered([], 10.0)
+    assert not withheld_by(flags, 15.0, 8)  # another trainer's receipt: one reporter is not enough
+    assert not withheld_by([], 10.0, 7)
+
+
+def test_two_reporters_withhold_everyones_receipts_where_they_overlap() -> None:
+    flags = [(10.0, 30.0, 7), (20.0, 40.0, 8)]
+    assert [withheld_by(flags, t, 9) for t in (15.0, 20.0, 30.0, 35.0)] == [False, True, True, False]
+    assert not withheld_by([(10.0, 30.0, 7), (10.0, 30.0, 7)], 15.0, 9)  # one account twice is one
 
 
 def test_decay_of_one_credit() -> None:

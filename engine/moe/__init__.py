@@ -14,6 +14,7 @@ uses engine.files and dht_finder engine.dht; nothing here imports Qt, app/ or co
                      still takes its own step)
     guard.py         GuardConfig, NormBound, ShareWindow, JumpDetector: bounds on what bad trainers
                      can do to an expert (pure policy)
+    probe.py         Probe: an expert's outputs on recent inputs, its last good state, the rollback
     backend.py       ExpertBackend: module + Adam + input checks + guards + forward/backward pools
     weights.py       an expert's weights as a host reports them: the registry's order, one sha256 both ends
                      compute (weights_digest), the layout a spec's module has (state_layout)

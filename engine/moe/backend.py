@@ -12,8 +12,10 @@ Everything a peer sends is checked here before it reaches a batch (shape against
 values): one malformed request must fail alone with ``bad_input``, not poison the batch it joins.
 With a :class:`~.guard.GuardConfig` (``guard=``: :data:`DEFAULT_GUARD` unless told otherwise, ``None``
 for none) a backward must also pass the expert's bounds on bad trainers before it joins a batch (its
-size against the recent ones, its sender's share of the recent updates: :mod:`.guard`). Refusals are
-counted in :class:`BackendStats` (``grad_refused``, ``share_refused``).
+size against the recent ones, its sender's share of the recent updates: :mod:`.guard`), and every
+``probe_every`` steps the expert's outputs on its probe are checked for a jump, which rolls it back to
+its last good state (:mod:`.probe`). Refusals and rollbacks are counted in :class:`BackendStats`
+(``grad_refused``, ``share_refused``, ``rollbacks``).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from .fused import backward_together
 from .graphs import BackwardRequest, GraphSlice, forward_keeping_graph
 from .graphs import backward as graph_backward
 from .guard import GuardConfig, NormBound, ShareWindow, row_rms
+from .probe import Probe
 from .registry import ExpertSpec, build, input_shape
 
 __all__ = ["ALLOWED_DTYPES", "BackendStats", "ExpertBackend", "default_device"]
@@ -74,6 +77,7 @@ class BackendStats:
     graphs_refused: int = 0  # forward batches that ran without a graph for want of device memory
     grad_refused: int = 0  # backwards over the bound on recent gradient sizes (guard)
     share_refused: int = 0  # backwards over their trainer's share of recent updates (guard)
+    rollbacks: int = 0  # jumps on the probe, each undone by restoring the last good state (guard)
 
     def as_dict(self) -> dict[str, int]:
         return dict(self.__dict__)
@@ -136,7 +140,7 @@ class ExpertBackend:
             max_wait_s=max_wait_s,
             duty=duty,
             batched=False,  # requests carry their graphs, which do not concatenate
-            together=backward_together,  # with every other expert's backward that is ready
+            together=_guarded_together,  # with every other expert's backward that is ready
             owner=self,
         )
         self.stats = BackendStats()
@@ -144,6 +148,7 @@ class ExpertBackend:
         self.guard = guard
         self.norms = NormBound(guard) if guard is not None else None
         self.shares = ShareWindow(guard) if guard is not None else None
+        self.probe = Probe(guard, uid) if guard is not None else None
 
     # -- requests (event loop) -------------------------------------------------------------------
 
@@ -164,6 +169,8 @@ class ExpertBackend:
             self.graphs.put(key, kept[0], kept[0].nbytes)  # no room for it: the backward recomputes
         self.stats.forward_requests += 1
         self.stats.forward_samples += int(inputs.shape[0])
+        if self.probe is not None:
+            self.probe.offer(peer_id, inputs)
         return outputs
 
     async def backward(
@@ -224,6 +231,11 @@ class ExpertBackend:
             self.stats.share_refused += 1
             logger.warning("refused a backward from %s: %s", peer_id, e)
             raise
+
+    def _after_step(self) -> None:
+        """The probe's check after an optimizer step (worker thread)."""
+        if self.probe is not None and self.probe.after_step(self.module, self.optimizer, self.device):
+            self.stats.rollbacks += 1
 
     def _evicted(self, activation_id: str) -> InputsEvicted:
         self.stats.inputs_evicted += 1
@@ -286,6 +298,7 @@ class ExpertBackend:
         self.optimizer.step()
         self.stats.steps += 1  # one writer: this worker thread
         self.stats.recomputed_samples += recomputed
+        self._after_step()
         return [(None if g is None else g.to("cpu"),) for g in grads]
 
     # -- state -----------------------------------------------------------------------------------
@@ -324,6 +337,16 @@ class ExpertBackend:
         await self.backward_pool.drain(drain_timeout)
         if self._own_executor:
             await asyncio.to_thread(self.executor.shutdown, True)
+
+
+def _guarded_together(
+    jobs: list[tuple[Any, list[tuple[Any, ...]]]],
+) -> list[list[tuple[torch.Tensor | None]]]:
+    """:func:`.fused.backward_together`, then each expert's probe check (``_after_step``)."""
+    results = backward_together(jobs)
+    for backend, _ in jobs:
+        backend._after_step()
+    return results
 
 
 def _squared_norm(x: torch.Tensor) -> float:

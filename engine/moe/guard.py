@@ -2,7 +2,7 @@
 
 An expert learns from whatever gradients trainers send it, and any admitted peer may send them. Three
 bounds keep one trainer (or a minority of them) from steering an expert every other trainer uses
-(issue 28, item 3); :class:`~.backend.ExpertBackend` applies them.
+(issue 28, item 3); :class:`~.backend.ExpertBackend` applies them, :mod:`.probe` measures the outputs.
 
 **Gradient norm** (:class:`NormBound`). A backward's size is the root mean square over its rows of the
 output gradient's row norms (``||g||_F / sqrt(rows)``: independent of the request's batch size). The

@@ -1,5 +1,6 @@
 """The guards through the real ExpertBackend (no sockets): refusals typed, logged with the sender and
-counted, no step taken for a refused backward; the server turns the refusals into their codes."""
+counted, no step taken for a refused backward; the probe's rollback restores the last good state; the
+server turns the refusals into their codes."""
 
 import asyncio
 import logging
@@ -9,6 +10,7 @@ import torch
 
 from engine.moe import ExpertBackend, ExpertServer, ExpertSpec, GradientTooLarge, GuardConfig, OverShare
 from engine.moe.backend import DEFAULT_GUARD
+from engine.moe.probe import Probe
 from engine.p2p import CallContext, Handlers, RemoteError
 from engine.wire import Kind, Message
 
@@ -37,7 +39,7 @@ async def step(
 
 def test_hosts_are_guarded_unless_told_otherwise() -> None:
     assert ExpertBackend("ffn.0", SPEC, device="cpu").guard is DEFAULT_GUARD
-    assert backend(None).norms is None and backend(None).shares is None
+    assert backend(None).norms is None and backend(None).probe is None
 
 
 async def test_a_scaled_gradient_is_refused_counted_logged_and_takes_no_step(
@@ -75,6 +77,41 @@ async def test_a_trainer_over_its_share_is_refused_and_counted() -> None:
     assert refused > 0 and b.stats.share_refused == refused
     assert b.shares is not None and b.shares.share("greedy") <= 2 / 7 + 1e-9  # 7 trainers: 2/7
     await b.close()
+
+
+async def test_a_jump_on_the_probe_rolls_the_expert_back_to_its_last_good_state() -> None:
+    """Honest gradients are noise, so the outputs wander; eight steps that all push one way (with a
+    large learning rate) move them several times as far: a jump, undone."""
+    guard = GuardConfig(
+        norm_multiple=1e9, probe_rows=8, probe_every=4, jump_multiple=3.0, jump_warmup=4, jump_window=16
+    )
+    b = backend(guard, lr=1e-3, max_grad_norm=None)
+    probe = b.probe
+    assert probe is not None
+    for i in range(48):
+        await step(b, f"honest{i % 4}", f"h{i}", torch.randn(4, 8))
+    assert probe.good is not None and b.stats.rollbacks == 0
+    direction = torch.randn(1, 8).expand(4, 8).contiguous()
+    for i in range(8):
+        await step(b, "crafty", f"c{i}", 50 * direction)
+        if b.stats.rollbacks:
+            break
+    assert b.stats.rollbacks == 1
+    good = {k[len("model.") :]: v for k, v in probe.good.tensors.items() if k.startswith("model.")}
+    assert all(torch.equal(v, good[k]) for k, v in b.module.state_dict().items())
+    await b.close()
+
+
+def test_probe_rows_come_round_robin_from_trainers() -> None:
+    probe = Probe(GuardConfig(probe_rows=4))
+    for i in range(10):
+        probe.offer("flooder", torch.full((2, 3), float(i)))
+    probe.offer("quiet", torch.full((1, 3), -1.0))
+    rows = probe._take_rows()
+    assert rows is not None and rows.shape == (4, 3)
+    assert (rows[:, 0] == -1.0).sum() == 1  # the quiet trainer's row is in, first
+    assert rows[0, 0] == -1.0 and rows[1, 0] == 9.0
+    assert Probe(GuardConfig(probe_rows=4))._take_rows() is None  # not enough rows yet: no probe
 
 
 async def test_concurrent_backwards_see_each_others_records() -> None:

@@ -4,7 +4,10 @@ Layers, bottom up (each imports only those below it; besides engine.p2p and engi
 uses engine.files and dht_finder engine.dht; nothing here imports Qt, app/ or coordinator/)::
 
     errors.py        the exception tree below
-    registry.py      ExpertSpec + built-in architectures (ffn, transformer): the only code a host runs
+    stage.py         StageExpert: depth causal transformer blocks over [batch, seq, d] (a sample is one
+                     sequence); its parameters, FLOPs and activation bytes as pure functions
+    registry.py      ExpertSpec + built-in architectures (ffn, transformer, stage): the only code a host runs
+    stage_fit.py     the memory a stage plans for; the deepest stage a budget holds; the host's refusal
     checkpoint.py    safetensors checkpoints, written atomically, newest valid one loaded
     cache.py         ActivationCache: forward inputs and graphs kept (LRU + TTL, byte budget) for backward
     graphs.py        KeptGraph: a forward batch's autograd graph, and the backward over kept and recomputed
@@ -41,6 +44,7 @@ Exceptions (one tree)::
 
     MoEError
     ├── SpecError              unknown architecture or impossible sizes (also a ValueError)
+    │   └── StageTooLarge      a stage over the host's memory budget (stage_fit.py; says what would fit)
     ├── CheckpointError        a checkpoint file that cannot be read or does not fit its expert
     ├── ExpertRequestError     a request the host refuses; ``code`` goes back as RemoteError.code
     │   ├── BadInput           "bad_input": wrong shape, dtype, non-finite values, bad activation id
@@ -85,6 +89,7 @@ from .loop_thread import LoopThread
 from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
 from .registry import ARCHITECTURES, Architecture, ExpertSpec, build, input_shape, register
 from .server import UID_PATTERN, ExpertServer
+from .stage_fit import StageTooLarge, check_stage_fits, largest_stage
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -116,11 +121,14 @@ __all__ = [
     "RemoteExpert",
     "RemoteMixtureOfExperts",
     "SpecError",
+    "StageTooLarge",
     "StaticExpertFinder",
     "UnknownExpert",
     "build",
+    "check_stage_fits",
     "default_device",
     "input_shape",
+    "largest_stage",
     "new_activation_id",
     "register",
     "restore_state",

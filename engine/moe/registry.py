@@ -5,6 +5,10 @@ that arrives over the network can add code, so a spec is plain data: it can be l
 checkpoint's, and sent to trainers in ``moe.info``. Every architecture maps ``[batch, *input_shape]`` to
 the same shape, so a trainer can treat experts as interchangeable residual blocks of a layer.
 
+``stage`` (:mod:`.stage`) is ``depth`` causal transformer blocks over ``[batch, seq, dim]``: the one
+architecture with a depth. ``depth`` is 0 for every other one and is then left out of the spec's fields,
+so the fields of an ``ffn`` or ``transformer`` spec (checkpoint metadata, ``moe.info``) are unchanged.
+
 Dropout is deliberately absent: a host recomputes the forward pass for a backward whose graph it could
 not keep (:mod:`.graphs`), and that recomputation must be exactly the function the trainer saw.
 """
@@ -20,12 +24,14 @@ import torch
 from torch import nn
 
 from .errors import SpecError
+from .stage import StageExpert
 
 __all__ = [
     "ARCHITECTURES",
     "Architecture",
     "ExpertSpec",
     "FeedForwardExpert",
+    "StageExpert",
     "TransformerExpert",
     "build",
     "input_shape",
@@ -34,6 +40,8 @@ __all__ = [
 
 #: Upper bound on any size in a spec: a spec from a peer (``moe.info``) must not make us allocate wildly.
 MAX_SIZE = 1 << 16
+#: Upper bound on a stage's depth (a 24 GB GPU holds about 80 blocks of d=1024: :mod:`.stage_fit`).
+MAX_DEPTH = 512
 
 
 @dataclass(frozen=True)
@@ -41,7 +49,8 @@ class ExpertSpec:
     """What to build: an architecture name and its sizes.
 
     ``dim`` is the model width (input and output features); ``hidden`` the FFN width (``4 * dim`` when 0);
-    ``heads`` the attention heads of ``transformer``; ``seq_len`` a fixed sequence length, or 0 for any.
+    ``heads`` the attention heads of ``transformer`` and ``stage``; ``seq_len`` a fixed sequence length,
+    or 0 for any; ``depth`` a ``stage``'s blocks (at least 1 there, 0 for every other architecture).
     """
 
     arch: str
@@ -49,6 +58,7 @@ class ExpertSpec:
     hidden: int = 0
     heads: int = 1
     seq_len: int = 0
+    depth: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -61,20 +71,30 @@ class ExpertSpec:
             raise SpecError("dim and heads must be at least 1")
         if self.dim % self.heads:
             raise SpecError(f"dim {self.dim} is not divisible by heads {self.heads}")
+        if isinstance(self.depth, bool) or not isinstance(self.depth, int):
+            raise SpecError(f"depth must be an int, got {self.depth!r}")
+        if ARCHITECTURES[self.arch].deep:
+            if not 1 <= self.depth <= MAX_DEPTH:
+                raise SpecError(f"a {self.arch} needs a depth in [1, {MAX_DEPTH}], got {self.depth}")
+        elif self.depth:
+            raise SpecError(f"a {self.arch} expert has no depth (got {self.depth}); only stages do")
 
     @property
     def hidden_size(self) -> int:
         return self.hidden or 4 * self.dim
 
     def to_fields(self) -> dict[str, str | int]:
-        """The spec as flat message fields (and checkpoint metadata)."""
-        return {
+        """The spec as flat message fields (and checkpoint metadata); ``depth`` only where it is set."""
+        fields: dict[str, str | int] = {
             "arch": self.arch,
             "dim": self.dim,
             "hidden": self.hidden,
             "heads": self.heads,
             "seq_len": self.seq_len,
         }
+        if self.depth:
+            fields["depth"] = self.depth
+        return fields
 
     @classmethod
     def from_fields(cls, fields: Mapping[str, Any]) -> ExpertSpec:
@@ -86,6 +106,7 @@ class ExpertSpec:
                 hidden=_typed(fields, "hidden", int),
                 heads=_typed(fields, "heads", int),
                 seq_len=_typed(fields, "seq_len", int),
+                depth=_typed(fields, "depth", int) if "depth" in fields else 0,
             )
         except KeyError as e:
             raise SpecError(f"spec lacks field {e}") from None
@@ -134,10 +155,12 @@ class TransformerExpert(nn.Module):
 
 @dataclass(frozen=True)
 class Architecture:
-    """How to build one architecture and which trailing input dims it takes (``None``: any length)."""
+    """How to build one architecture and which trailing input dims it takes (``None``: any length);
+    ``deep``: its spec has a depth (at least 1)."""
 
     build: Callable[[ExpertSpec], nn.Module]
     input_shape: Callable[[ExpertSpec], tuple[int | None, ...]]
+    deep: bool = False
 
 
 ARCHITECTURES: dict[str, Architecture] = {}
@@ -169,5 +192,13 @@ register(
     Architecture(
         lambda s: TransformerExpert(s.dim, s.hidden_size, s.heads),
         lambda s: (s.seq_len or None, s.dim),
+    ),
+)
+register(
+    "stage",
+    Architecture(
+        lambda s: StageExpert(s.dim, s.hidden_size, s.heads, s.depth),
+        lambda s: (s.seq_len or None, s.dim),
+        deep=True,
     ),
 )

@@ -28,6 +28,7 @@ program lives here, above all three::
     resources  where read-only files (``assets/``) are, in a checkout and in a bundle
     gpu_check  ``scripts/gpu-check``: the node's CUDA paths on a real device (skipped, and said so, without)
     gpu_backend  its expert compute checks: one expert, and many experts' backward as one, GPU against CPU
+    gpu_stage  its stage check: the 24 GB stage expert's FLOP/s, memory against its plan, busy share
 
 The demos and the trainers share no module of each other's: what both need is in ``lm_text``,
 ``lm_progress``, ``local_swarm`` or in the engine (the finder's ``wait_for_hosts``, the trainer's

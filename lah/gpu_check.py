@@ -17,7 +17,10 @@ rotting. On a GPU it checks, in order of what a volunteer would notice first:
    measured by the driver (``cudaMemGetInfo``) and NVML before and after, and ``restore_memory`` brings the
    same weights back (the outputs before and after agree).
 5. ``compute``: samples/s of one d=1024 FFN expert through the real backend on the GPU: the host's ceiling.
-6. ``expert_throughput`` (unless ``--no-bench``): ``benchmarks/expert_throughput.py`` on this device and
+6. ``stage``: the stage expert of issue 33 at the size a 24 GB GPU holds (:mod:`lah.gpu_stage`): FLOP/s,
+   peak memory against the plan, FLOPs per uploaded byte and the busy share behind a home uplink.
+   ``--cpu-smoke`` runs only this check, on the CPU at a small size: the code path without a GPU.
+7. ``expert_throughput`` (unless ``--no-bench``): ``benchmarks/expert_throughput.py`` on this device and
    ``benchmarks/transport.py --quick``; their ratio is the wire bound, the samples/s the link allows at the
    bytes per sample it measured, which shows whether the GPU or the link limits a volunteer.
 
@@ -42,6 +45,7 @@ from typing import Any
 import torch
 
 from .gpu_backend import CheckFailed, Skip, check_backend, check_fused, cuda
+from .gpu_stage import check_stage
 
 REPO = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -290,7 +294,7 @@ def check_expert_throughput(quick: bool) -> dict[str, Any]:
 # -- the run -------------------------------------------------------------------------------------------
 
 
-def run(quick: bool, bench: bool) -> tuple[dict[str, Any], bool]:
+def run(quick: bool, bench: bool, cpu_smoke: bool = False) -> tuple[dict[str, Any], bool]:
     checks: list[tuple[str, Callable[[], dict[str, Any]]]] = [
         ("environment", check_environment),
         ("nvml", check_nvml),
@@ -299,8 +303,11 @@ def run(quick: bool, bench: bool) -> tuple[dict[str, Any], bool]:
         ("memory_cap", check_memory_cap),
         ("release", check_release),
         ("compute", lambda: check_compute(3.0 if quick else 10.0)),
+        ("stage", lambda: check_stage(cuda())),
     ]
-    if bench:
+    if cpu_smoke:
+        checks = [("environment", check_environment), ("stage", lambda: check_stage("cpu", smoke=True))]
+    elif bench:
         checks.append(("expert_throughput", lambda: check_expert_throughput(quick)))
     report: dict[str, Any] = {}
     ok = True
@@ -328,8 +335,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="shorter timings and the benchmarks' --quick")
     parser.add_argument("--no-bench", action="store_true", help="skip the throughput benchmarks")
     parser.add_argument("--out", type=Path, help="also write the JSON report to this file")
+    parser.add_argument("--cpu-smoke", action="store_true", help="only the stage check, small, on the CPU")
     args = parser.parse_args(argv)
-    report, ok = run(args.quick, not args.no_bench)
+    report, ok = run(args.quick, not args.no_bench, args.cpu_smoke)
     report["passed"] = ok
     line = json.dumps(report)
     if args.out is not None:

@@ -12,8 +12,10 @@ Layers, bottom up (each imports only those below it):
   version), host candidate pinning, and uvloop where the platform has it.
 - ``framing``: sans-I/O frames, credit window and the link's memory budget (``LinkMemory``);
   ``channel``: the same bound to a data channel.
-- ``rpc``: calls, streams (with their own credit), timeouts on both sides and cancellation over one
-  channel.
+- ``rpc_wire``: what a call is on both ends, no I/O: the handler registry, error replies and their
+  exceptions; ``rpc_state``: the endpoint's plain state per waiting request and per served stream
+  (its credit); ``rpc``: their asyncio face (``RpcEndpoint``): calls, streams, timeouts on both
+  sides and cancellation over one channel.
 - ``admission``: which inbound offers are answered (caps per peer and in total, replays dropped; pure).
 - ``ice_servers``: the live STUN/TURN servers a new connection gathers from (probed, cached).
 - ``connection``: one verified RTCPeerConnection per remote peer (dial/accept).
@@ -44,7 +46,7 @@ from .errors import (
 )
 from .identity import Identity, peer_id_of
 from .peer import Peer
-from .rpc import CallContext, Handlers
+from .rpc_wire import CallContext, Handlers
 
 __all__ = [
     "CallContext",

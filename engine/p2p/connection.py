@@ -31,7 +31,8 @@ from .errors import ConnectError, ConnectionLost, PeerMismatch
 from .ice_servers import DEFAULT_PROBE, IceServerProbe
 from .identity import Identity
 from .patches import advertise_sack_frequency, agree_sack_frequency, set_congestion_control
-from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, Handlers, RpcEndpoint
+from .rpc import DEFAULT_HANDLER_DEADLINE, DEFAULT_STREAM_WINDOW, RpcEndpoint
+from .rpc_wire import Handlers
 from .signaling_protocol import IceServer
 
 logger = logging.getLogger(__name__)

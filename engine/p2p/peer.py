@@ -34,7 +34,8 @@ from .errors import ConnectError, P2PError, PeerMismatch
 from .ice_servers import DEFAULT_PROBE
 from .identity import Identity
 from .patches.ice import recent_turn_failures
-from .rpc import DEFAULT_TIMEOUT, CompressionArg, Handlers
+from .rpc import DEFAULT_TIMEOUT
+from .rpc_wire import CompressionArg, Handlers
 from .signaling import SignalingClient, TokenProvider, unreachable
 
 logger = logging.getLogger(__name__)

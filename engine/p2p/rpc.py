@@ -19,12 +19,12 @@ when the consumer takes it. Messages are routed on their header (``peek_message`
 when consumed; a handler starts only once the link's memory budget admits its request's decoded
 tensors (``LinkMemory.try_charge``), which stay charged until the handler ends.
 
-Streams have their own flow control on top of the link's: the producer may run ``stream_window``
-bytes ahead of what the consumer has taken, and the consumer grants more with CREDIT messages as it
-reads, so one stalled consumer holds at most that much of the link's window, not all of it. Each item
-counts ``ITEM_OVERHEAD`` bytes more than its size, so an honest producer of tiny items queues at most
-``stream_window / ITEM_OVERHEAD`` of them; a producer that queues more than ``max_stream_items`` on
-one stream ignores its credit, and the link is dropped.
+Streams have their own credit on top of the link's window (:mod:`engine.p2p.rpc_state`); a producer
+that queues more than ``max_stream_items`` on one stream ignores its credit, and the link is dropped.
+
+This module is the asyncio face: :class:`RpcEndpoint` routes, sends, waits and times out. What a call
+is on both ends (handlers, error replies) is :mod:`engine.p2p.rpc_wire`; the state it keeps per
+waiting request and per served stream is :mod:`engine.p2p.rpc_state`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ import contextlib
 import functools
 import itertools
 import logging
-from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import torch
@@ -48,7 +46,6 @@ from engine.wire import (
     Kind,
     Limits,
     Message,
-    MessageHead,
     decode_message,
     encode_message,
     encoded_size,
@@ -56,15 +53,9 @@ from engine.wire import (
 )
 
 from .channel import FramedChannel
-from .errors import (
-    ConnectionLost,
-    ProtocolError,
-    RemoteError,
-    RpcCancelled,
-    RpcError,
-    RpcTimeout,
-    UnknownMethod,
-)
+from .errors import ConnectionLost, ProtocolError, RemoteError, RpcError, RpcTimeout
+from .rpc_state import ITEM_OVERHEAD, StreamCredit, Waiting, WaitingRequests
+from .rpc_wire import CallContext, CompressionArg, Handlers, error_message, raise_remote, reply_compression
 
 logger = logging.getLogger(__name__)
 
@@ -72,73 +63,6 @@ DEFAULT_TIMEOUT = 30.0
 DEFAULT_HANDLER_DEADLINE = 60.0
 DEFAULT_STREAM_WINDOW = 4 << 20
 CONTROL_SEND_TIMEOUT = 5.0
-ITEM_OVERHEAD = 64  # stream credit per item beyond its bytes: what holding one costs (queue, objects)
-UnaryHandler = Callable[[Message, "CallContext"], Awaitable[Message]]
-StreamHandler = Callable[[Message, "CallContext"], AsyncIterator[Message]]
-CompressionArg = Compression | Sequence[Compression]
-
-
-@dataclass(frozen=True)
-class CallContext:
-    peer_id: str
-    request_id: int
-
-
-@dataclass
-class Handlers:
-    """Methods a node serves, by name. Shared by all of its links."""
-
-    unary: dict[str, UnaryHandler] = field(default_factory=dict)
-    streams: dict[str, StreamHandler] = field(default_factory=dict)
-
-    def add_unary(self, method: str, handler: UnaryHandler) -> None:
-        self.unary[method] = handler
-
-    def add_stream(self, method: str, handler: StreamHandler) -> None:
-        self.streams[method] = handler
-
-
-def error_message(request_id: int, code: str, text: str) -> Message:
-    return Message(kind=Kind.ERROR, request_id=request_id, fields={"code": code, "message": text[:1000]})
-
-
-def raise_remote(msg: Message) -> None:
-    code = str(msg.fields.get("code", "internal"))
-    text = str(msg.fields.get("message", ""))
-    if code == "unknown_method":
-        raise UnknownMethod(code, text)
-    if code == "cancelled":
-        raise RpcCancelled(text)
-    raise RemoteError(code, text)
-
-
-@dataclass
-class _Waiting:
-    """A request waiting for a handler slot: only its bytes (already counted by the window)."""
-
-    buffer: bytearray
-    head: MessageHead
-    size: int
-
-
-class _StreamCredit:
-    """The producer's side of one stream's window: it may send while ``available`` is positive."""
-
-    def __init__(self, window: int) -> None:
-        self.available = window
-        self._changed = asyncio.Event()
-
-    def grant(self, n: int) -> None:
-        self.available += n
-        self._changed.set()
-
-    def spend(self, n: int) -> None:
-        self.available -= n
-
-    async def wait(self) -> None:
-        while self.available <= 0:
-            self._changed.clear()
-            await self._changed.wait()
 
 
 class RpcEndpoint:
@@ -171,10 +95,9 @@ class RpcEndpoint:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[Message]] = {}
         self._streams: dict[int, asyncio.Queue[tuple[bytearray, int] | BaseException]] = {}
-        self._waiting: deque[_Waiting] = deque()
-        self._waiting_ids: set[int] = set()
+        self._waiting = WaitingRequests()
         self._serving: dict[int, asyncio.Task[None]] = {}
-        self._stream_credit: dict[int, _StreamCredit] = {}
+        self._stream_credit: dict[int, StreamCredit] = {}
         self._control: set[asyncio.Task[None]] = set()
         self.calls_made = 0
         self.calls_served = 0
@@ -321,7 +244,7 @@ class RpcEndpoint:
             return
         kind, request_id = head.kind, head.request_id
         if kind == Kind.REQUEST:
-            self._enqueue(_Waiting(buffer, head, size))
+            self._enqueue(Waiting(buffer, head, size))
         elif kind in (Kind.RESPONSE, Kind.ERROR) and request_id in self._pending:
             self.channel.release(size)
             with contextlib.suppress(ConnectionLost):
@@ -354,9 +277,9 @@ class RpcEndpoint:
 
     # -- server side -----------------------------------------------------------------------------
 
-    def _enqueue(self, waiting: _Waiting) -> None:
+    def _enqueue(self, waiting: Waiting) -> None:
         request_id = waiting.head.request_id
-        if request_id in self._serving or request_id in self._waiting_ids:
+        if request_id in self._serving or request_id in self._waiting:
             self.channel.release(waiting.size)
             self.channel.fail(ProtocolError(f"request id {request_id} reused while in flight"))
             return
@@ -365,19 +288,17 @@ class RpcEndpoint:
             self.channel.fail(ProtocolError(f"more than {self.max_queued} requests waiting for a handler"))
             return
         self._waiting.append(waiting)
-        self._waiting_ids.add(request_id)
         self._start_waiting()
 
     def _start_waiting(self) -> None:
         """Start waiting requests, in order, while a slot is free and the memory budget admits them."""
         while self._waiting and len(self._serving) < self.max_concurrent and self.channel.error is None:
-            waiting = self._waiting[0]
+            waiting = self._waiting.first()
             charged = waiting.head.decoded_bytes
             if not self.memory.try_charge(charged):
                 return  # a running handler holds decoded tensors; its end starts this one
-            self._waiting.popleft()
+            self._waiting.pop_first()
             request_id = waiting.head.request_id
-            self._waiting_ids.discard(request_id)
             # Consumed now, not when the task first runs: a CANCEL may cancel it before that.
             self.channel.release(waiting.size)
             task = asyncio.ensure_future(self._run_handler(waiting))
@@ -394,15 +315,11 @@ class RpcEndpoint:
         if task is not None:
             task.cancel()
             return
-        if request_id in self._waiting_ids:
-            for waiting in self._waiting:
-                if waiting.head.request_id == request_id:
-                    self._waiting.remove(waiting)
-                    self._waiting_ids.discard(request_id)
-                    self.channel.release(waiting.size)
-                    return
+        waiting = self._waiting.remove(request_id)
+        if waiting is not None:
+            self.channel.release(waiting.size)
 
-    async def _run_handler(self, waiting: _Waiting) -> None:
+    async def _run_handler(self, waiting: Waiting) -> None:
         request_id, method = waiting.head.request_id, waiting.head.method
         try:
             msg = self._decode(waiting.buffer)
@@ -446,7 +363,7 @@ class RpcEndpoint:
 
     async def _serve_stream(self, items: AsyncIterator[Message], request_id: int) -> None:
         """Each step (the next item, its credit, its sending) runs under the handler deadline."""
-        credit = _StreamCredit(self.stream_window)
+        credit = StreamCredit(self.stream_window)
         self._stream_credit[request_id] = credit
         try:
             while True:
@@ -493,7 +410,6 @@ class RpcEndpoint:
         for task in list(self._serving.values()):
             task.cancel()
         self._waiting.clear()
-        self._waiting_ids.clear()
         if self._user_failure is not None:
             self._user_failure(error)
 
@@ -510,10 +426,6 @@ def _worth_a_thread(msg: Message, compression: CompressionArg) -> bool:
     ):
         return False
     return sum(t.numel() for t in msg.tensors) >= THREAD_ENCODE_ELEMENTS
-
-
-def reply_compression(msg: Message) -> CompressionArg:
-    return msg.compression
 
 
 def _ignore_result(task: asyncio.Future[Any]) -> None:

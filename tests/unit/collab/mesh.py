@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from engine.p2p.channel import FramedChannel
-from engine.p2p.rpc import CompressionArg, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_wire import CompressionArg, Handlers
 from engine.wire import Compression, Limits, Message
 from tests.memchannel import MemoryChannel, channel_pair
 

@@ -6,7 +6,8 @@ from collections.abc import AsyncIterator
 import torch
 
 from engine.p2p.channel import FramedChannel
-from engine.p2p.rpc import CallContext, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_wire import CallContext, Handlers
 from engine.resources import TokenBucket
 from engine.wire import Kind, Limits, Message
 from tests.memchannel import MemoryChannel, channel_pair

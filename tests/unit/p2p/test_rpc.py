@@ -8,7 +8,8 @@ import torch
 
 from engine.p2p.channel import FramedChannel
 from engine.p2p.errors import ConnectionLost, RemoteError, RpcError, RpcTimeout, UnknownMethod
-from engine.p2p.rpc import CallContext, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_wire import CallContext, Handlers
 from engine.wire import Compression, Kind, Limits, Message
 from tests.memchannel import MemoryChannel, channel_pair
 

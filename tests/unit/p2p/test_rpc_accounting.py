@@ -20,17 +20,8 @@ from engine.p2p.errors import (
     UnknownMethod,
 )
 from engine.p2p.framing import data_frames
-from engine.p2p.rpc import (
-    THREAD_ENCODE_ELEMENTS,
-    CallContext,
-    Handlers,
-    RpcEndpoint,
-    _ignore_result,
-    _worth_a_thread,
-    error_message,
-    raise_remote,
-    reply_compression,
-)
+from engine.p2p.rpc import THREAD_ENCODE_ELEMENTS, RpcEndpoint, _ignore_result, _worth_a_thread
+from engine.p2p.rpc_wire import CallContext, Handlers, error_message, raise_remote, reply_compression
 from engine.wire import Compression, Kind, Limits, Message, encode_message_bytes
 from tests.memchannel import MemoryChannel, channel_pair
 from tests.unit.p2p.test_rpc import WINDOW, endpoint

@@ -19,7 +19,8 @@ import torch
 from engine.p2p import rpc
 from engine.p2p.channel import FramedChannel
 from engine.p2p.errors import ConnectionLost, ProtocolError
-from engine.p2p.rpc import CallContext, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_wire import CallContext, Handlers
 from engine.wire import Kind, Limits, Message
 from tests.memchannel import MemoryChannel, channel_pair
 from tests.unit.p2p.rpc_peer import WINDOW, Peer, feed, settle, undecodable, until

@@ -9,7 +9,8 @@ import torch
 
 from engine.p2p.channel import FramedChannel
 from engine.p2p.errors import ConnectionLost, RemoteError
-from engine.p2p.rpc import CallContext, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_wire import CallContext, Handlers
 from engine.wire import Compression, Kind, Limits, Message, encode_message_bytes, peek_message
 from tests.memchannel import MemoryChannel, channel_pair
 

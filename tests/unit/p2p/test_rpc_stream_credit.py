@@ -13,7 +13,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.p2p.rpc import ITEM_OVERHEAD, CallContext, Handlers, RpcEndpoint
+from engine.p2p.rpc import RpcEndpoint
+from engine.p2p.rpc_state import ITEM_OVERHEAD
+from engine.p2p.rpc_wire import CallContext, Handlers
 from engine.wire import Kind, Message, encode_message_bytes
 from tests.memchannel import channel_pair
 from tests.unit.p2p.rpc_peer import Peer, settle, until

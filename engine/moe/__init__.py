@@ -89,7 +89,7 @@ from .loop_thread import LoopThread
 from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
 from .registry import ARCHITECTURES, Architecture, ExpertSpec, build, input_shape, register
 from .server import UID_PATTERN, ExpertServer
-from .stage_fit import StageTooLarge, check_stage_fits, largest_stage
+from .stage_fit import StageTooLarge, check_host_fits, check_stage_fits, largest_stage
 
 __all__ = [
     "ALLOWED_DTYPES",
@@ -125,6 +125,7 @@ __all__ = [
     "StaticExpertFinder",
     "UnknownExpert",
     "build",
+    "check_host_fits",
     "check_stage_fits",
     "default_device",
     "input_shape",

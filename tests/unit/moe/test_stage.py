@@ -18,6 +18,7 @@ from engine.moe.stage import (
 from engine.moe.stage_fit import (
     HEADROOM,
     StageTooLarge,
+    check_host_fits,
     check_stage_fits,
     largest_stage,
     stage_memory,
@@ -168,3 +169,18 @@ def test_sizing_takes_stages_and_sane_arguments_only() -> None:
         stage_memory(SPEC, batch_tokens=0)
     with pytest.raises(SpecError, match="kept_bytes"):
         stage_memory(SPEC, batch_tokens=1, kept_bytes=-1)
+
+
+def test_a_hosts_stages_are_planned_together() -> None:
+    one = largest_stage(1024, 16, 20 * GIB, seq_len=1024, batch_tokens=1024)
+    assert check_host_fits({"ffn.0": ExpertSpec("ffn", 1024)}, GIB, batch_tokens=1024) == 0
+    alone = check_host_fits({"s.0": one, "ffn.0": ExpertSpec("ffn", 1024)}, 20 * GIB, batch_tokens=1024)
+    assert alone == stage_memory(one, batch_tokens=1024).total
+    half = ExpertSpec("stage", 1024, 4096, 16, 1024, depth=one.depth // 2)
+    two = check_host_fits({"s.0": half, "s.1": half}, 20 * GIB, batch_tokens=1024)
+    plan = stage_memory(half, batch_tokens=1024)
+    assert two == 2 * plan.state + plan.work  # one batch runs at a time
+    with pytest.raises(StageTooLarge, match=r"2 stages \(s.0, s.1\)"):
+        check_host_fits({"s.1": one, "s.0": one}, 20 * GIB, batch_tokens=1024)
+    with pytest.raises(StageTooLarge, match="at most"):
+        check_host_fits({"s.0": one}, 10 * GIB, batch_tokens=1024)

@@ -11,12 +11,14 @@ import sys
 
 from setuptools import Extension, setup
 
+# engine/p2p/native/records.h draws these files' layers and what each exports.
+SOURCES = ("_records", "dtls_record", "sctp_calls", "sctp_packet", "sctp_burst", "sctp_receive", "sctp_send")
 openssl = os.environ.get("OPENSSL_DIR")
 setup(
     ext_modules=[
         Extension(
             "engine.p2p.native._records",
-            [f"engine/p2p/native/{name}.c" for name in ("_records", "sctp_calls", "sctp_packet", "sctp_burst", "sctp_receive", "sctp_send")],
+            [f"engine/p2p/native/{name}.c" for name in SOURCES],
             # Windows: OpenSSL's import library is libcrypto, and sendto/inet_pton live in Winsock.
             libraries=["libcrypto", "ws2_32"] if sys.platform == "win32" else ["crypto"],
             include_dirs=[os.path.join(openssl, "include")] if openssl else [],

@@ -1,8 +1,9 @@
 """Compiled parts of the data path, each with the Python path beside it as fallback and test oracle.
 
-Layers: ``_records`` (C, ``setup.py`` builds it against OpenSSL's libcrypto) seals and opens DTLS 1.2
-application-data records and sends them with one ``sendto`` (``_records.c``); builds and parses the SCTP
-packets inside (``sctp_packet.c``, ``sctp_calls.c``); sends a sender's burst of DATA chunks with one
+Layers: ``_records`` (C, ``setup.py`` builds it against OpenSSL's libcrypto; ``records.h`` draws its
+files' layers, ``_records.c`` is the module) seals and opens DTLS 1.2 application-data records and
+sends them with one ``sendto`` (``dtls_record.c``); builds and parses the SCTP packets inside
+(``sctp_packet.c``, ``sctp_calls.c``); sends a sender's burst of DATA chunks with one
 ``sendmmsg`` or UDP GSO message (``sctp_burst.c``); takes the receiver's in-order DATA chunk on aiortc's
 own objects (``sctp_receive.c``); and runs the sender's two per-chunk loops there too (``sctp_send.c``,
 twins of :mod:`engine.p2p.patches.sctp_loops`). :mod:`.keys` derives the records' keys from the session

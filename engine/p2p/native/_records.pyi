@@ -1,4 +1,4 @@
-"""Types of the compiled DTLS 1.2 record layer (_records.c); see the module's own docstring for why."""
+"""Types of the compiled DTLS 1.2 record layer (records.h draws its C files); its docstring says why."""
 
 from typing import Any
 

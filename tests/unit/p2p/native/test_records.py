@@ -1,4 +1,4 @@
-"""The compiled DTLS 1.2 record layer (engine/p2p/native/_records.c) against records built by hand.
+"""The compiled DTLS 1.2 record layer (engine/p2p/native/dtls_record.c) against records built by hand.
 
 The reference is the RFC's record layout with ``cryptography``'s AEADs (RFC 6347 4.1, RFC 5288 for
 AES-GCM with OpenSSL's explicit nonce = epoch || sequence number, RFC 7905 for ChaCha20-Poly1305); the

@@ -70,7 +70,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     coord.add_argument("--host", help="listen address (default 127.0.0.1)")
     coord.add_argument("--port", type=int, help="listen port (default 8470)")
     coord.add_argument("--make-admin", metavar="NAME", help="give this existing account the admin role")
-    actions = coord.add_subparsers(dest="action", metavar="{invite,disable,enable,grant-trainer}")
+    actions = coord.add_subparsers(
+        dest="action", metavar="{invite,disable,enable,grant-trainer,flags,undo-flag,refusals}"
+    )
     coord_invite = actions.add_parser("invite", help="create a single-use invitation code for NAME")
     coord_invite.add_argument("name")
     coord_invite.add_argument("--ttl-days", type=ttl_days, help="how long the code is valid (default 14)")
@@ -79,6 +81,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     grant = actions.add_parser("grant-trainer", help="make NAME a trainer; prints its `lah train login` code")
     grant.add_argument("name")
     grant.add_argument("--ttl-days", type=ttl_days, help="how long the login code is valid (default 14)")
+    flagged = actions.add_parser("flags", help="list spot-check flags, newest first")
+    flagged.add_argument("--host", help="only this host's (its peer id)")
+    undo = actions.add_parser("undo-flag", help="undo a spot-check flag and give back the credit it took")
+    undo.add_argument("flag_id", type=int)
+    refused = actions.add_parser("refusals", help="receipts and reports refused, by reason")
+    refused.add_argument("--days", type=int, default=7, help="over the last N days (default 7)")
     node = sub.add_parser("node", help="run the volunteer node (host experts while the computer is idle)")
     node.add_argument(
         "--coordinator", type=coordinator_url, default="http://127.0.0.1:8470", help="coordinator URL"
@@ -271,6 +279,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         )  # fmt: skip
     elif args.command == "coordinator":
         from coordinator.accounts.accounts import AccountError
+        from coordinator.credit.review import ReviewError
         from coordinator.server import cli as coordinator_cli  # the engine runs without the coordinator
 
         try:
@@ -282,7 +291,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 eventloop.run(coordinator_cli.grant_trainer(args.config, args.name, ttl))
             elif args.action in ("disable", "enable"):
                 eventloop.run(coordinator_cli.set_disabled(args.config, args.name, args.action == "disable"))
-        except AccountError as e:  # a name the coordinator refuses, no such account...: nothing changed
+            elif args.action == "flags":
+                eventloop.run(coordinator_cli.flags(args.config, args.host))
+            elif args.action == "undo-flag":
+                eventloop.run(coordinator_cli.undo_flag(args.config, args.flag_id))
+            elif args.action == "refusals":
+                eventloop.run(coordinator_cli.refusals(args.config, args.days))
+        except (AccountError, ReviewError) as e:  # a name refused, no such account or flag: nothing changed
             print(f"lah coordinator {args.action}: {e}", file=sys.stderr)
             return 2
         if args.action is None:

@@ -6,7 +6,7 @@
                                       -> 200 {"accepted", "duplicates", "withheld", "credit",
                                               "rejected": [{"receipt_id", "reason"}]}
     POST /api/spot-checks             SpotCheckReport -> 201 {"flag_id", "withheld_receipts",
-                                                              "reversed_credit"} (200 if a repeat)
+                                                              "reversed_credit", "corroborated"}
     GET  /api/leaderboard?kind=users|teams|hosts&sort=total|recent&page=N&per_page=M
                                       -> 200 {"kind", "sort", "page", "per_page", "has_more", "entries"}
                                          (pages are cached for a few seconds)
@@ -19,7 +19,12 @@ takes the trainer account's bearer token: checked first, so that nobody without 
 makes the coordinator verify signatures, and each account's receipts pass a token bucket (a batch
 costs its size, at least one). A receipt signed by a key that is not bound to the posting account is
 rejected (``not_your_key``) before its signature is checked; one for an expert outside its
-experiment's grid is ``unknown_expert``, one worth more than ``max_receipt_credit`` ``over_ceiling``.
+experiment's grid is ``unknown_expert``, one worth more than ``max_receipt_credit`` ``over_ceiling``;
+the ledger's rules (:mod:`.rules`) add ``host_disabled``, ``host_is_trainer``, ``not_assigned``,
+``over_host_cap`` and ``over_pair_cap``. A spot-check report withholds the reporter's own grants unless
+two trainer accounts agree (:mod:`.spot_checks`); a report seen before is 409 ``replayed``, one in the
+future or before the host was bound 422 (``future_period``, ``before_host``), a reporter's fourth on one
+host in a day 429 ``too_many_reports``.
 Bytes fields are base64. Errors are ``{"error": code, "message": text}``: 400 (not JSON, bad query),
 401 (no or bad token), 413 (body too large), 422 (JSON that does not fit the schema, bad period), 403
 (bad signature, not a trainer, account disabled), 404 (unknown host or account), 429 (over the
@@ -44,6 +49,7 @@ from ..services import SERVICES
 from .leaderboard import KINDS, SORTS, LeaderboardError, contributor, leaderboard, swarm_stats
 from .ledger import ingest
 from .receipts import MAX_BODY_BYTES, MAX_REPORT_BYTES, ReceiptBatch, SpotCheckReport, Verifier
+from .rules import CreditCaps
 from .spot_checks import SpotCheckRejected, report_spot_check
 
 
@@ -56,6 +62,7 @@ class LedgerDeps:
     verifier: Verifier | None = None  # signature checks; Verifier(workers=N) for a process pool
     grids: Mapping[str, Sequence[int]] | None = None  # experiment -> grid; None: any uid
     max_credit: float | None = None  # per receipt
+    caps: CreditCaps | None = None  # per host and per (trainer, host) per hour; None: CreditCaps()
 
     @classmethod
     def of(
@@ -63,7 +70,8 @@ class LedgerDeps:
     ) -> LedgerDeps:
         """The configured experiments' costs and grids, and the credit ceiling."""
         grids = {e.name: tuple(e.grid) for e in config.grids} if config.experiments else None
-        return cls(sessions, expert_costs_of(config), verifier, grids, config.max_receipt_credit)
+        caps = CreditCaps(dict(config.host_credit_per_hour), config.pair_credit_share)
+        return cls(sessions, expert_costs_of(config), verifier, grids, config.max_receipt_credit, caps)
 
 
 class PageCache:
@@ -147,11 +155,21 @@ async def post_receipts(request: web.Request) -> web.StreamResponse:
         grids=deps.grids,
         max_credit=deps.max_credit,
         account_id=account.id,
+        caps=deps.caps,
     )
     return web.json_response(result.to_json())
 
 
-_SPOT_STATUS = {"bad_signature": 403, "not_a_trainer": 403, "unknown_host": 404, "bad_period": 422}
+_SPOT_STATUS = {
+    "bad_signature": 403,
+    "not_a_trainer": 403,
+    "unknown_host": 404,
+    "bad_period": 422,
+    "future_period": 422,
+    "before_host": 422,
+    "replayed": 409,
+    "too_many_reports": 429,
+}
 
 
 @account_errors
@@ -171,8 +189,9 @@ async def post_spot_check(request: web.Request) -> web.StreamResponse:
             "flag_id": result.flag_id,
             "withheld_receipts": result.withheld_receipts,
             "reversed_credit": result.reversed_credit,
+            "corroborated": result.corroborated,
         },
-        status=200 if result.duplicate else 201,
+        status=201,
     )
 
 

@@ -1,7 +1,7 @@
 """``lah coordinator``: run the whole coordinator from a TOML config (and ``LAH_*`` environment);
-``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` / ``grant-trainer NAME`` act on its
-database directly (the operator's tools, no admin token needed; a running coordinator sees the change
-at once)."""
+``lah coordinator invite NAME`` / ``disable NAME`` / ``enable NAME`` / ``grant-trainer NAME`` and the review
+of credit (``flags [--host PEER]``, ``undo-flag ID``, ``refusals [--days N]``) act on its database
+directly (the operator's tools, no admin token needed; a running coordinator sees the change at once)."""
 
 from __future__ import annotations
 
@@ -119,3 +119,59 @@ async def grant_trainer(config_path: Path | None, name: str, ttl_s: float | None
         flush=True,
     )
     return code
+
+
+async def flags(config_path: Path | None, host: str | None = None) -> None:
+    """Print spot-check flags, newest first (maybe of one host): what an operator reviews."""
+    from ..credit.review import list_flags
+
+    services = await open_services(load_config(config_path))
+    try:
+        rows = await list_flags(services.sessions, host)
+    finally:
+        await services.close()
+    if not rows:
+        print("coordinator: no spot-check flags", flush=True)
+    for f in rows:
+        period = f"{_when(f['period_start'])} to {_when(f['period_end'])}"
+        state = f"undone {_when(f['undone_at'])}" if f["undone_at"] is not None else "active"
+        print(
+            f"flag {f['id']}: host {f['host_peer_id']} reported by {f['reporter_peer_id']} (account "
+            f"{f['reporter_account_id']}) for {f['expert_uid']}, {period}: {f['reason']} [{state}]",
+            flush=True,
+        )
+
+
+async def undo_flag(config_path: Path | None, flag_id: int) -> None:
+    """Undo a spot-check flag and give back the credit it took (``coordinator.credit.review``)."""
+    from ..credit.review import undo_flag as undo
+
+    services = await open_services(load_config(config_path))
+    try:
+        result = await undo(services.sessions, flag_id)
+    finally:
+        await services.close()
+    print(
+        f"coordinator: flag {flag_id} undone; {result.restored_receipts} receipts of host "
+        f"{result.host_peer_id} credit {result.restored_credit:g} again",
+        flush=True,
+    )
+
+
+async def refusals(config_path: Path | None, days: int = 7) -> None:
+    """Print receipts and spot-check reports refused over the last ``days`` days, by reason."""
+    from ..credit.review import refusals as counts
+
+    services = await open_services(load_config(config_path))
+    try:
+        rows = await counts(services.sessions, days)
+    finally:
+        await services.close()
+    if not rows:
+        print(f"coordinator: nothing refused in the last {days} days", flush=True)
+    for r in rows:
+        print(f"{r['kind']:8} {r['reason']:20} {r['count']}", flush=True)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else f"{datetime.fromtimestamp(t, UTC):%Y-%m-%d %H:%M:%S} UTC"

@@ -108,8 +108,9 @@ class Page:
 
 def _table(kind: Kind) -> tuple[Table, Any, ColumnElement[bool] | None]:
     """(table, key column, filter) for a kind of subject."""
-    if kind == "users":
-        return _ACCOUNTS, _ACCOUNTS.c.id, _ACCOUNTS.c.disabled == False  # noqa: E712
+    if kind == "users":  # contributors: enabled volunteers' accounts (trainers pay credit, never earn it)
+        listed = (_ACCOUNTS.c.disabled == False) & (_ACCOUNTS.c.role == "volunteer")  # noqa: E712
+        return _ACCOUNTS, _ACCOUNTS.c.id, listed
     if kind == "teams":
         return _TEAMS, _TEAMS.c.id, None
     return _HOSTS, _HOSTS.c.peer_id, None

@@ -187,3 +187,18 @@ async def test_spans_are_extended_opened_and_closed_by_assignment(db: AsyncEngin
     trainer, _ = await make_host(sessions, "trainer", role="trainer")
     with pytest.raises(TrainerCannotHost):
         await assign_host(sessions, [exp], trainer.peer_id, big, now=1000.0, ttl_s=60)
+
+
+async def test_trainer_accounts_are_off_the_contributors_board(world) -> None:  # type: ignore[no-untyped-def]
+    from coordinator.credit.leaderboard import leaderboard
+
+    sessions, trainer, _ = world
+    host, volunteer = await make_host(sessions, "alice")
+    await ingest(sessions, [sign_receipt(trainer, host, "m.0", 10, False, NOW)], now=NOW)
+    async with sessions() as s, s.begin():  # credit earned before the role was granted, say
+        for account in (await s.execute(select(Account))).scalars():
+            if account.role == "trainer":
+                account.credit_total, account.credit_recent, account.credit_recent_at = 1e6, 1e6, NOW
+    for sort in ("total", "recent"):
+        page = await leaderboard(sessions, "users", sort, now=NOW)  # type: ignore[arg-type]
+        assert [e.id for e in page.entries] == [str(volunteer)]

@@ -3,8 +3,9 @@ training samples, leaderboards, and the credit's JSON API.
 
 Modules, bottom up (each imports only those above it in this list):
 
+- ``pool_guard``: the initializer that ends a pool's worker once the coordinator is gone (killed too).
 - ``receipts``: receipts and spot-check reports on the coordinator's side: batch limits, signature
-  checks with a key cache, a pool of spawned processes for big batches.
+  checks with a key cache, a pool of spawned processes for big batches (on ``pool_guard``).
 - ``training``: trainers' own training samples, a credit kind of its own (never added to credit),
   bounded by the forward samples of their accepted receipts.
 - ``credit_plan``: the arithmetic of credit (decayed recent credit, days), and a plan of credit added

@@ -90,26 +90,37 @@ class RemoteExpert(nn.Module):
         return t.detach().to("cpu", self.wire_dtype).contiguous()
 
     async def call_forward(self, activation_id: str, wire_inputs: torch.Tensor) -> torch.Tensor:
-        _, _, tensors = await self._call(
+        return (await self.forward_reply(activation_id, wire_inputs))[0]
+
+    async def forward_reply(
+        self, activation_id: str, wire_inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """The outputs and the reply's fields (its countersignature and version: ``host_call``)."""
+        _, fields, tensors = await self._call(
             "moe.forward", {"uid": self.uid, "aid": activation_id, "wire": self.wire}, [wire_inputs]
         )
-        return _one_tensor(tensors, self.uid)
+        return _one_tensor(tensors, self.uid), fields
 
     async def call_backward(
         self, activation_id: str, wire_grad: torch.Tensor, wire_inputs: torch.Tensor
     ) -> torch.Tensor:
-        """Input gradient; re-sends the inputs once if the host evicted them."""
+        return (await self.backward_reply(activation_id, wire_grad, wire_inputs))[0]
+
+    async def backward_reply(
+        self, activation_id: str, wire_grad: torch.Tensor, wire_inputs: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[str, Any]]:
+        """Input gradient and the reply's fields; re-sends the inputs once if the host evicted them."""
         deadline = time.monotonic() + self.timeout
         fields = {"uid": self.uid, "aid": activation_id, "wire": self.wire}
         try:
-            _, _, tensors = await self._call("moe.backward", fields, [wire_grad])
+            _, reply, tensors = await self._call("moe.backward", fields, [wire_grad])
         except ExpertCallFailed as e:
             if e.code != "inputs_evicted":
                 raise
             self.resends += 1
             remaining = max(0.001, deadline - time.monotonic())
-            _, _, tensors = await self._call("moe.backward", fields, [wire_grad, wire_inputs], remaining)
-        return _one_tensor(tensors, self.uid)
+            _, reply, tensors = await self._call("moe.backward", fields, [wire_grad, wire_inputs], remaining)
+        return _one_tensor(tensors, self.uid), reply
 
     async def _call(
         self, method: str, fields: dict[str, Any], tensors: list[torch.Tensor], timeout: float | None = None

@@ -4,7 +4,8 @@ The calls to one host travel as one request (:mod:`.host_call`'s ``forward_many`
 a single expert takes the plain call, which any host version answers). Forward waits until every sample
 has ``k_min`` answers, then at most ``grace_s`` more, and drops the rest; backward skips an expert that
 fails or is late, and re-sends the inputs a host evicted through the plain call. Every request, answered
-or not, becomes a :class:`CallRecord` for the layer's observer (receipts, spot checks, host health).
+or not, becomes a :class:`CallRecord` for the layer's observer (receipts, spot checks, host health),
+with what the host said of it: its countersignature (the receipt's proof) and the expert's version.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ from typing import Any
 import torch
 
 from engine.p2p import Peer
+from engine.wire.statements import HostProof, receipt_id_of
 
 from .client import RemoteExpert
 from .errors import ExpertCallFailed
-from .host_call import Answer, backward_many, forward_many
+from .host_call import Answer, HostReply, backward_many, forward_many, reply_proofs, reply_versions
 
 __all__ = ["CallObserver", "CallRecord", "ExpertCalls", "PlannedCall", "by_host", "evicted"]
 
@@ -35,7 +37,9 @@ class CallRecord:
 
     ``ok`` is False for a failed call (``code``: the host's error code, ``"timeout"``, ``"connection"``)
     and for one dropped after the grace period (``"late"``). Forward records carry the wire inputs and
-    the reply, so a spot check can re-send exactly what the host computed.
+    the reply, so a spot check can recompute exactly what the host computed, and the ``version`` the
+    host stated (-1: unknown). ``receipt_id`` and ``proof`` (the host's countersignature; None when its
+    reply had none) are what the receipt of an answered request carries.
     """
 
     uid: str
@@ -48,6 +52,9 @@ class CallRecord:
     elapsed_s: float
     inputs: torch.Tensor | None = None
     outputs: torch.Tensor | None = None
+    receipt_id: str = ""
+    proof: HostProof | None = None
+    version: int = -1
 
 
 #: Called on the layer's event loop for every request; must be quick and must not raise.
@@ -135,7 +142,7 @@ class ExpertCalls:
             try:
                 return {
                     i: await self._observed(
-                        plan[i], plan[i].expert.call_forward(aids[i], wire[i]), False, wire[i]
+                        plan[i], plan[i].expert.forward_reply(aids[i], wire[i]), False, aids[i], wire[i]
                     )
                 }
             except ExpertCallFailed:
@@ -158,9 +165,9 @@ class ExpertCalls:
             out = {i: a for i, a in zip(group, answers, strict=True) if isinstance(a, torch.Tensor)}
             retry = [i for i, a in zip(group, answers, strict=True) if evicted(a)]
         for i in retry:  # the plain call re-sends the inputs the host evicted
-            coro = plan[i].expert.call_backward(aids[i], grads[i], wire[i])
+            coro = plan[i].expert.backward_reply(aids[i], grads[i], wire[i])
             try:
-                out[i] = await self._observed(plan[i], coro, True)
+                out[i] = await self._observed(plan[i], coro, True, aids[i])
             except ExpertCallFailed:
                 continue
         return out
@@ -179,8 +186,9 @@ class ExpertCalls:
         an expert whose inputs were evicted is observed by the plain call that re-sends them."""
         served_at, t0 = time.time(), time.monotonic()
         answers: list[Answer] | None = None
+        reply: HostReply | None = None
         try:
-            answers = await many(
+            reply = await many(
                 self.peer,
                 plan[group[0]].expert.host_peer_id,
                 [plan[i].expert.uid for i in group],
@@ -189,6 +197,7 @@ class ExpertCalls:
                 wire=self.wire,
                 timeout=self.timeout,
             )
+            answers = reply.answers
             return answers
         finally:
             got: list[Answer | None] = list(answers) if answers is not None else [None] * len(group)
@@ -201,7 +210,33 @@ class ExpertCalls:
                 served_at,
                 time.monotonic() - t0,
                 inputs,
+                self._said(reply, plan, group, aids, backward) if self.observer is not None else {},
+                aids,
             )
+
+    def _said(
+        self,
+        reply: HostReply | None,
+        plan: list[PlannedCall],
+        group: list[int],
+        aids: list[str],
+        backward: bool,
+    ) -> dict[int, tuple[HostProof | None, int, float | None]]:
+        """By plan index: the host's proof, version and time of serving of each expert that answered."""
+        if reply is None:
+            return {}
+        answered = [(n, i) for n, i in enumerate(group) if isinstance(reply.answers[n], torch.Tensor)]
+        served = [(aids[i], plan[i].expert.uid, len(plan[i].rows)) for _, i in answered]
+        proofs = reply_proofs(reply.fields, self.peer.peer_id, backward, served)
+        versions = reply_versions(reply.fields, len(group)) if not backward else [-1] * len(group)
+        return {
+            i: (
+                proofs[k] if proofs else None,
+                versions[n],
+                proofs[k].served_at if proofs else None,
+            )
+            for k, (n, i) in enumerate(answered)
+        }
 
     def _observe_group(
         self,
@@ -212,6 +247,8 @@ class ExpertCalls:
         served_at: float,
         elapsed: float,
         inputs: list[torch.Tensor] | None,
+        said: dict[int, tuple[HostProof | None, int, float | None]],
+        aids: list[str],
     ) -> None:
         """One record per expert of a host's request (``answers`` None: it was cancelled, late)."""
         if self.observer is None:
@@ -221,6 +258,7 @@ class ExpertCalls:
             ok = isinstance(answer, torch.Tensor)
             code = "" if ok else "late" if answer is None else (answer.code or "error")  # type: ignore[union-attr]
             expert = plan[i].expert
+            proof, version, at = said.get(i, (None, -1, None))
             record = CallRecord(
                 expert.uid,
                 expert.host_peer_id,
@@ -228,25 +266,36 @@ class ExpertCalls:
                 backward,
                 ok,
                 code,
-                served_at,
+                served_at if at is None else at,
                 elapsed,
                 None if inputs is None else inputs[i],
                 answer if ok else None,  # type: ignore[arg-type]
+                receipt_id_of(self.peer.peer_id, aids[i], backward),
+                proof,
+                version,
             )
             self._tell(record)
 
     async def _observed(
-        self, call: PlannedCall, coro: Any, backward: bool, inputs: torch.Tensor | None = None
+        self, call: PlannedCall, coro: Any, backward: bool, aid: str, inputs: torch.Tensor | None = None
     ) -> torch.Tensor:
-        """Await one request and tell the observer how it went (cancellation: ``"late"``)."""
+        """Await one request (a ``*_reply`` coroutine) and tell the observer how it went (cancellation:
+        ``"late"``)."""
         if self.observer is None:
-            result: torch.Tensor = await coro
+            result: torch.Tensor = (await coro)[0]
             return result
         served_at, t0 = time.time(), time.monotonic()
         ok, code, out = False, "late", None
+        proof: HostProof | None = None
+        version = -1
         try:
-            out = await coro
+            out, fields = await coro
             ok, code = True, ""
+            served = [(aid, call.expert.uid, len(call.rows))]
+            proofs = reply_proofs(fields, self.peer.peer_id, backward, served)
+            if proofs:
+                proof, served_at = proofs[0], proofs[0].served_at
+            version = -1 if backward else reply_versions(fields, 1)[0]
             return out  # type: ignore[no-any-return]
         except ExpertCallFailed as e:
             code = e.code or "error"
@@ -265,6 +314,9 @@ class ExpertCalls:
                     time.monotonic() - t0,
                     inputs,
                     out,
+                    receipt_id_of(self.peer.peer_id, aid, backward),
+                    proof,
+                    version,
                 )
             )
 

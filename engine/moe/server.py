@@ -25,6 +25,14 @@ reflects and the ``sha256`` of :func:`engine.moe.weights.weights_digest` (comput
 It travels raw (no float16: it is the model, not an activation); a state over ``STATE_MAX_BYTES`` (a
 link's message limit) is refused with ``too_large``. Any admitted peer may ask, as any may call forward.
 Errors are ``RemoteError`` with the codes of :mod:`engine.moe.errors`.
+
+Every answer says what it served, so that credit needs both ends: with a ``signer`` (the node's
+identity) a forward or backward reply carries ``served_at``, ``host_key`` and ``host_sig``, one
+signature over all the experts it answered (``engine.wire.statements``: a Merkle root of one leaf per
+answered expert, its receipt id derived from the caller's peer id and activation id); the trainer's
+receipts carry it to the coordinator. Forward replies also state each expert's version (``version``,
+``versions`` for ``_many``): its update steps when it computed, or -1 when a step ran meanwhile, so a
+spot check can recompute against that very state (``moe.state``).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ import contextlib
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +52,7 @@ import torch
 
 from engine.p2p import CallContext, Handlers, RemoteError
 from engine.wire import Compression, Kind, Message
+from engine.wire.statements import Signer, countersign, receipt_id_of, served_leaf
 
 from .backend import GRAPH_BYTES, ExpertBackend, default_device
 from .cache import ActivationCache
@@ -74,6 +84,7 @@ class ExpertServer:
         checkpoint_interval_s: float = 300.0,
         keep_checkpoints: int = 3,
         reply_compression: Compression = Compression.FLOAT16,
+        signer: Signer | None = None,
     ) -> None:
         for uid in experts:
             if not UID_PATTERN.match(uid):
@@ -83,6 +94,7 @@ class ExpertServer:
         self.checkpoint_interval_s = checkpoint_interval_s
         self.keep_checkpoints = keep_checkpoints
         self.reply_compression = reply_compression
+        self.signer = signer
         self.closing = False
         self._in_flight = 0
         self._idle = asyncio.Event()
@@ -222,9 +234,13 @@ class ExpertServer:
         compression = self._reply_compression(msg)
         if len(msg.tensors) != 1:
             raise RemoteError("bad_input", f"moe.forward takes 1 tensor, got {len(msg.tensors)}")
+        aid = _aid(msg)
         with self._tracked():
-            outputs = await _as_remote(backend.forward(ctx.peer_id, _aid(msg), msg.tensors[0]))
-        return Message(Kind.RESPONSE, 0, tensors=[outputs], compression=compression)
+            before = backend.stats.steps
+            outputs = await _as_remote(backend.forward(ctx.peer_id, aid, msg.tensors[0]))
+            version = before if backend.stats.steps == before else -1
+        fields = {"version": version, **self._served(ctx.peer_id, False, [(aid, backend.uid, len(outputs))])}
+        return Message(Kind.RESPONSE, 0, fields=fields, tensors=[outputs], compression=compression)
 
     async def _backward(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)
@@ -232,9 +248,11 @@ class ExpertServer:
         if len(msg.tensors) not in (1, 2):
             raise RemoteError("bad_input", f"moe.backward takes 1 or 2 tensors, got {len(msg.tensors)}")
         inputs = msg.tensors[1] if len(msg.tensors) == 2 else None
+        aid = _aid(msg)
         with self._tracked():
-            grads = await _as_remote(backend.backward(ctx.peer_id, _aid(msg), msg.tensors[0], inputs))
-        return Message(Kind.RESPONSE, 0, tensors=[grads], compression=compression)
+            grads = await _as_remote(backend.backward(ctx.peer_id, aid, msg.tensors[0], inputs))
+        fields = self._served(ctx.peer_id, True, [(aid, backend.uid, len(grads))])
+        return Message(Kind.RESPONSE, 0, fields=fields, tensors=[grads], compression=compression)
 
     async def _forward_many(self, msg: Message, ctx: CallContext) -> Message:
         return await self._many(msg, ctx, backward=False)
@@ -259,6 +277,8 @@ class ExpertServer:
             raise RemoteError("bad_input", "one tensor whose first dimension is the sum of rows")
         parts = torch.split(msg.tensors[0], rows)
 
+        versions = [-1] * len(uids)
+
         async def one(i: int, uid: object) -> torch.Tensor:
             backend = self.experts.get(uid) if isinstance(uid, str) else None
             if backend is None:
@@ -268,17 +288,22 @@ class ExpertServer:
                 raise RemoteError("bad_input", "aids must be strs")
             if backward:
                 return await _as_remote(backend.backward(ctx.peer_id, item, parts[i]))
+            before = backend.stats.steps
             # a copy, so the activation cache holds (and counts) this expert's rows, not the message's
-            return await _as_remote(backend.forward(ctx.peer_id, item, parts[i].clone()))
+            out = await _as_remote(backend.forward(ctx.peer_id, item, parts[i].clone()))
+            versions[i] = before if backend.stats.steps == before else -1
+            return out
 
         with self._tracked():
             answers = await asyncio.gather(*(one(i, u) for i, u in enumerate(uids)), return_exceptions=True)
         codes: list[str] = []
         ok: list[torch.Tensor] = []
-        for answer in answers:
+        served: list[tuple[str, str, int]] = []
+        for i, answer in enumerate(answers):
             if isinstance(answer, torch.Tensor):
                 codes.append("")
                 ok.append(answer)
+                served.append((str(aids[i]), str(uids[i]), len(answer)))
             elif isinstance(answer, RemoteError):
                 codes.append(answer.code)
             elif isinstance(answer, Exception):
@@ -287,7 +312,20 @@ class ExpertServer:
             else:
                 raise answer  # cancellation
         tensors = [torch.cat(ok)] if ok else []
-        return Message(Kind.RESPONSE, 0, fields={"codes": codes}, tensors=tensors, compression=compression)
+        fields: dict[str, Any] = {"codes": codes, **self._served(ctx.peer_id, backward, served)}
+        if not backward:
+            fields["versions"] = versions
+        return Message(Kind.RESPONSE, 0, fields=fields, tensors=tensors, compression=compression)
+
+    def _served(self, trainer: str, backward: bool, served: list[tuple[str, str, int]]) -> dict[str, Any]:
+        """The reply's countersignature of ``served`` ((activation id, uid, samples) that answered):
+        one Ed25519 signature per reply, however many experts (see the module docstring)."""
+        if self.signer is None or not served:
+            return {}
+        at = time.time()
+        leaves = [served_leaf(receipt_id_of(trainer, aid, backward), uid, n) for aid, uid, n in served]
+        signature = countersign(self.signer, trainer, backward, at, leaves)
+        return {"served_at": at, "host_key": self.signer.public_key, "host_sig": signature}
 
     async def _info(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)

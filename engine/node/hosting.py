@@ -21,6 +21,7 @@ from engine.moe import ExpertServer, ExpertSpec
 from engine.moe.batching import DutyCycle
 from engine.p2p import Handlers
 from engine.resources import free_gpu_memory
+from engine.wire.statements import Signer
 
 from .gate import WorkGate
 
@@ -38,9 +39,12 @@ class Hosting:
         checkpoint_interval_s: float = 300.0,
         cache_bytes: int = 1 << 30,
         duty: DutyCycle | None = None,
+        signer: Signer | None = None,
     ) -> None:
-        """``duty``: the CPU cap's rest between batches (CPU hosting; a GPU is capped by its memory)."""
+        """``duty``: the CPU cap's rest between batches (CPU hosting; a GPU is capped by its memory);
+        ``signer``: the node's identity, which countersigns what it serves (receipts need it)."""
         self.handlers = handlers
+        self.signer = signer
         self.duty = duty
         self.gate = gate
         self.checkpoint_dir = data_dir / "experts"
@@ -72,6 +76,7 @@ class Hosting:
             checkpoint_dir=self.checkpoint_dir,
             checkpoint_interval_s=self.checkpoint_interval_s,
             backend_options={"duty": self.duty} if self.duty is not None else None,
+            signer=self.signer,
         )
         await server.start()
         server.register(self.handlers)

@@ -97,6 +97,7 @@ class Volunteer:
             self.device,
             checkpoint_interval_s=self.config.checkpoint_interval_s,
             duty=duty,
+            signer=self.identity,
         )
         self._peer = Peer(
             identity,

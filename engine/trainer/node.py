@@ -11,6 +11,11 @@ all take the same optimizer step once together they have processed the target. E
 and spot checks are unchanged: every trainer credits the hosts that answered it. A
 :class:`~.collab_status.CollabStatusReporter` on the loop tells the coordinator how the collaboration
 goes and how many samples this trainer processed (the swarm page, the leaderboard's Trainers tab).
+
+With ``hold_steps`` (``lah train`` sets it), the work a step observes is held until the training loop
+settles the step (:meth:`TrainerNode.settle_step`): a good step's receipts go to the book, those of a
+step that stopped the run for a non-finite loss or gradient are withheld (``receipts.stats.withheld``),
+so no host is credited for work that trained nothing.
 """
 
 from __future__ import annotations
@@ -77,6 +82,8 @@ class TrainerNode:
         self.spot: SpotChecker | None = None
         self.status: CollabStatusReporter | None = None
         self.stats = TrainStats()
+        self.hold_steps = False
+        self._held: list[Work] = []  # this step's work, until settled (on the loop)
 
     async def start(self) -> None:
         """Register (unless given credentials) and bind (the account needs the ``trainer`` role for
@@ -169,15 +176,37 @@ class TrainerNode:
         self.stats.requests["ok" if record.ok else record.code] += 1
         if record.ok:
             self.stats.served[record.host] += 1
-            self.receipts.add(
-                Work(record.host, record.uid, record.samples, record.backward, record.served_at)
+            work = Work(
+                record.host,
+                record.uid,
+                record.samples,
+                record.backward,
+                record.served_at,
+                record.receipt_id or None,
+                record.proof,
             )
+            if self.hold_steps:
+                self._held.append(work)
+            else:
+                self.receipts.add(work)
             if self.finder is not None:
                 self.finder.report_success(record.uid, record.host)
             if self.spot is not None:
                 self.spot.consider(record)
         elif record.code in HOST_FAILURES and self.finder is not None:
             self.finder.report_failure(record.uid, record.host)
+
+    def settle_step(self, good: bool) -> None:
+        """From the training thread, after each step: release its receipts, or withhold them."""
+        self.loop.run(self._settle(good), 30)
+
+    async def _settle(self, good: bool) -> None:
+        held, self._held = self._held, []
+        if good:
+            for work in held:
+                self.receipts.add(work)
+        else:
+            self.receipts.stats.withheld += len(held)
 
     async def _forward_on(self, host: str, uid: str, inputs: torch.Tensor) -> torch.Tensor:
         assert self.peer is not None
@@ -191,6 +220,7 @@ class TrainerNode:
         await self.api.post_spot_check(await self.token(), report)
 
     async def stop(self) -> None:
+        await self._settle(True)  # work since the last settled step (an evaluation's, say)
         await self.receipts.close()
         if self.status is not None:
             await self.status.close()

@@ -1,7 +1,9 @@
 """Work receipts and spot-check reports, signed by the trainer and sent to the coordinator in batches.
 
 For every answered expert request the trainer signs a receipt ("host H served expert E for N samples,
-forward or backward, at time T"); the coordinator credits H (``POST /api/receipts``). The signed bytes
+forward or backward, at time T") that carries the host's countersignature from its reply (the request's
+``receipt_id`` and ``proof``, :class:`~engine.moe.layer_calls.CallRecord`); the coordinator credits H
+only when both verify (``POST /api/receipts``). The signed bytes
 are a domain prefix and a msgpack array of the fields in a fixed order: the same bytes as
 ``coordinator/credit/receipts.py`` (a test checks they agree byte for byte; the engine does not import the
 coordinator).
@@ -31,6 +33,7 @@ from engine.wire import statements
 from engine.wire.statements import (
     RECEIPT_DOMAIN,
     SPOT_CHECK_DOMAIN,
+    HostProof,
     receipt_signed_bytes,
     spot_check_signed_bytes,
 )
@@ -57,10 +60,20 @@ Poster = Callable[[list[dict[str, Any]]], Awaitable[dict[str, Any]]]
 
 
 def sign_receipt(
-    identity: Identity, host_peer_id: str, expert_uid: str, samples: int, backward: bool, served_at: float
+    identity: Identity,
+    host: str | statements.Signer,
+    expert_uid: str,
+    samples: int,
+    backward: bool,
+    served_at: float,
+    receipt_id: str | None = None,
+    proof: HostProof | None = None,
 ) -> dict[str, Any]:
-    """One receipt as the JSON object ``POST /api/receipts`` takes (bytes fields base64)."""
-    receipt = statements.sign_receipt(identity, host_peer_id, expert_uid, samples, backward, served_at)
+    """One receipt as the JSON object ``POST /api/receipts`` takes (bytes fields base64), with the
+    host's ``proof`` (``host`` a Signer: it countersigns here, as in tests)."""
+    receipt = statements.sign_receipt(
+        identity, host, expert_uid, samples, backward, served_at, receipt_id, proof
+    )
     return msgspec.to_builtins(receipt)  # type: ignore[no-any-return]
 
 
@@ -81,13 +94,16 @@ def sign_spot_check(
 
 @dataclass(frozen=True)
 class Work:
-    """One answered request, not yet signed."""
+    """One answered request, not yet signed: with the request's ``receipt_id`` and the host's
+    countersignature (``proof``; None: the host gave none, and the coordinator will refuse it)."""
 
     host: str
     uid: str
     samples: int
     backward: bool
     served_at: float
+    receipt_id: str | None = None
+    proof: HostProof | None = None
 
 
 @dataclass
@@ -97,6 +113,7 @@ class ReceiptStats:
     accepted: int = 0
     rejected: int = 0
     dropped: int = 0  # queue overflow or too many failed attempts
+    withheld: int = 0  # work of a step whose loss or gradients were not finite: never sent
     failed_posts: int = 0
     batches: int = 0
     rejected_reasons: dict[str, int] = field(default_factory=dict)
@@ -170,7 +187,12 @@ class ReceiptBook:
             return sent
 
     def _sign(self, work: list[Work]) -> list[dict[str, Any]]:
-        return [sign_receipt(self.identity, w.host, w.uid, w.samples, w.backward, w.served_at) for w in work]
+        return [
+            sign_receipt(
+                self.identity, w.host, w.uid, w.samples, w.backward, w.served_at, w.receipt_id, w.proof
+            )
+            for w in work
+        ]
 
     async def _post(self, batch: list[dict[str, Any]]) -> bool:
         try:

@@ -39,9 +39,9 @@ class CountingVerifier(Verifier):
         super().__init__(workers=0)
         self.checked = 0
 
-    async def check(self, receipts: list[SignedReceipt]) -> list[bool]:
+    async def reasons(self, receipts: list[SignedReceipt]) -> list[str | None]:
         self.checked += len(receipts)
-        return await super().check(receipts)
+        return await super().reasons(receipts)
 
 
 class Env:
@@ -99,7 +99,7 @@ async def test_receipts_need_a_trainer_token_before_any_signature_is_checked(env
     assert {r["reason"] for r in body["rejected"]} == {"not_your_key"} and len(body["rejected"]) == 500
     assert env.verifier.checked == 0
     # The trainer's own receipts are checked and credited.
-    mine = [sign_receipt(trainer, host.peer_id, "ffn.1.1", 4, False, time.time() - i) for i in range(3)]
+    mine = [sign_receipt(trainer, host, "ffn.1.1", 4, False, time.time() - i) for i in range(3)]
     status, body, _ = await env.post(mine, tom)
     assert (status, body["accepted"], body["credit"]) == (200, 3, 12.0)
     assert env.verifier.checked == 3
@@ -110,7 +110,7 @@ async def test_receipts_are_rate_limited_per_account(env: Env) -> None:
     tom, tom_id = await make_host(env.services.sessions, "tom", role="trainer")
     ann, ann_id = await make_host(env.services.sessions, "ann", role="trainer")
     now = time.time()
-    batch = [sign_receipt(tom, host.peer_id, "ffn.0.1", 1, False, now - i * 0.001) for i in range(1000)]
+    batch = [sign_receipt(tom, host, "ffn.0.1", 1, False, now - i * 0.001) for i in range(1000)]
     token = env.services.tokens.issue(tom_id, "trainer")
     status, body, _ = await env.post(batch, token)
     assert status == 200 and body["accepted"] == 1000
@@ -119,7 +119,7 @@ async def test_receipts_are_rate_limited_per_account(env: Env) -> None:
     assert (status, body["error"]) == (429, "rate_limited") and int(headers["Retry-After"]) >= 1
     assert env.verifier.checked == checked  # refused before any signature was checked
     # Another trainer account has its own allowance.
-    theirs = [sign_receipt(ann, host.peer_id, "ffn.0.1", 1, False, now)]
+    theirs = [sign_receipt(ann, host, "ffn.0.1", 1, False, now)]
     status, body, _ = await env.post(theirs, env.services.tokens.issue(ann_id, "trainer"))
     assert status == 200 and body["accepted"] == 1
 
@@ -137,9 +137,9 @@ async def test_receipts_outside_the_grid_or_over_the_ceiling_are_refused(env: En
         "ffn.1.x": "unknown_expert",
         "cnn.0.0": "unknown_expert",
     }
-    receipts = [sign_receipt(tom, host.peer_id, uid, 1, False, now) for uid in cases]
-    too_much = sign_receipt(tom, host.peer_id, "ffn.1.1", 51, True, now)  # 102 credit > 100
-    fine = sign_receipt(tom, host.peer_id, "ffn.1.1", 50, True, now)  # 100 credit
+    receipts = [sign_receipt(tom, host, uid, 1, False, now) for uid in cases]
+    too_much = sign_receipt(tom, host, "ffn.1.1", 51, True, now)  # 102 credit > 100
+    fine = sign_receipt(tom, host, "ffn.1.1", 50, True, now)  # 100 credit
     status, body, _ = await env.post(
         [*receipts, too_much, fine], env.services.tokens.issue(tom_id, "trainer")
     )
@@ -157,7 +157,7 @@ async def test_spot_check_reverses_exactly_what_was_granted(db: AsyncEngine, tmp
     host, account_id = await make_host(sessions, "alice")
     # Served a day before the trainer posted them (an offline trainer catching up): ingestion adds
     # their full credit to the recent sum at NOW.
-    receipts = [sign_receipt(trainer, host.peer_id, "m.0", 10, False, NOW - 86400 + i) for i in range(10)]
+    receipts = [sign_receipt(trainer, host, "m.0", 10, False, NOW - 86400 + i) for i in range(10)]
     await ingest(sessions, receipts, now=NOW)
     report = sign_spot_check(trainer, host.peer_id, "m.0", NOW - 2 * 86400, NOW, "outputs differ")
     later = NOW + 3600

@@ -107,9 +107,9 @@ async def test_hosts_and_teams_boards_contributor_and_stats(db: AsyncEngine) -> 
     await ingest(
         sessions,
         [
-            sign_receipt(trainer, host.peer_id, "m.0", 30, False, NOW - DAY_S),
-            sign_receipt(trainer, host.peer_id, "m.0", 10, False, NOW),
-            sign_receipt(trainer, other.peer_id, "m.0", 20, False, NOW),
+            sign_receipt(trainer, host, "m.0", 30, False, NOW - DAY_S),
+            sign_receipt(trainer, host, "m.0", 10, False, NOW),
+            sign_receipt(trainer, other, "m.0", 20, False, NOW),
         ],
         now=NOW,
     )

@@ -21,12 +21,13 @@ from coordinator.credit.receipts import (
 from engine.p2p.identity import Identity
 from engine.wire.statements import ASSIGNMENT_DOMAIN, BIND_DOMAIN, assignment_signed_bytes, bind_message
 
-HOST = "ab" * 20
+HOST_KEY = Identity.generate()
+HOST = HOST_KEY.peer_id
 
 
 def receipts(n: int, signer: Identity | None = None) -> list[SignedReceipt]:
     me = signer or Identity.generate()
-    return [sign_receipt(me, HOST, "m.0", i + 1, False, 1.0) for i in range(n)]
+    return [sign_receipt(me, HOST_KEY, "m.0", i + 1, False, 1.0) for i in range(n)]
 
 
 def test_bind_message_bytes() -> None:
@@ -48,7 +49,7 @@ def test_assignment_signed_bytes() -> None:
 
 def test_pool_worker_verdicts() -> None:
     me, other = Identity.generate(), Identity.generate()
-    good = sign_receipt(me, HOST, "m.0", 3, True, 5.0)
+    good = sign_receipt(me, HOST_KEY, "m.0", 3, True, 5.0)
     item = (good.trainer_public_key, good.trainer_peer_id, _receipt_bytes(good), good.signature)
     tampered = (item[0], item[1], item[2] + b"x", item[3])
     wrong_peer = (item[0], other.peer_id, item[2], item[3])
@@ -87,7 +88,7 @@ async def test_verifier_keeps_its_key_cache_across_batches() -> None:
     me = Identity.generate()
     v = Verifier()
     assert await v.check(receipts(3, me)) == [True] * 3
-    assert list(v.keys._keys) == [me.public_key]  # parsed by check() itself, once
+    assert set(v.keys._keys) == {me.public_key, HOST_KEY.public_key}  # parsed by check() itself, once
     parsed = v.keys.get(me.public_key)
     assert await v.check(receipts(2, me)) == [True, True]
     assert v.keys.get(me.public_key) is parsed

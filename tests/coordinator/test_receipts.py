@@ -17,12 +17,13 @@ from coordinator.credit.receipts import (
 from engine.p2p.identity import Identity, verify
 from engine.wire.statements import RECEIPT_DOMAIN, receipt_signed_bytes
 
-HOST = "ab" * 20
+HOST_KEY = Identity.generate()
+HOST = HOST_KEY.peer_id
 
 
 def test_sign_verify_and_json_roundtrip() -> None:
     me = Identity.generate()
-    r = sign_receipt(me, HOST, "mnist.1.2", 32, True, 1_800_000_000.5)
+    r = sign_receipt(me, HOST_KEY, "mnist.1.2", 32, True, 1_800_000_000.5)
     assert len(r.receipt_id) == 32 and r.trainer_peer_id == me.peer_id
     verify_receipt(r)
     wire = msgspec.json.encode(ReceiptBatch([r]))
@@ -49,20 +50,20 @@ def test_sign_verify_and_json_roundtrip() -> None:
     ],
 )
 def test_any_change_breaks_the_signature(change: dict[str, object]) -> None:
-    r = sign_receipt(Identity.generate(), HOST, "mnist.1.2", 32, True, 1_800_000_000.5)
+    r = sign_receipt(Identity.generate(), HOST_KEY, "mnist.1.2", 32, True, 1_800_000_000.5)
     with pytest.raises(ReceiptError):
         verify_receipt(msgspec.structs.replace(r, **change))
 
 
 def test_key_must_belong_to_the_claimed_trainer() -> None:
     real, other = Identity.generate(), Identity.generate()
-    r = sign_receipt(real, HOST, "m.0", 1, False, 1.0)
+    r = sign_receipt(real, HOST_KEY, "m.0", 1, False, 1.0)
     with pytest.raises(ReceiptError, match="peer id"):
         verify_receipt(msgspec.structs.replace(r, trainer_peer_id=other.peer_id))
 
 
 def test_schema_limits() -> None:
-    r = sign_receipt(Identity.generate(), HOST, "m.0", 1, False, 1.0)
+    r = sign_receipt(Identity.generate(), HOST_KEY, "m.0", 1, False, 1.0)
     good = msgspec.to_builtins(r)
     for field, bad in [
         ("receipt_id", "XYZ"),
@@ -91,7 +92,7 @@ def test_spot_check_reports_are_signed_separately() -> None:
 
 async def test_verifier_in_process_and_in_a_pool() -> None:
     me = Identity.generate()
-    receipts = [sign_receipt(me, HOST, "m.0", i + 1, False, 1.0) for i in range(100)]
+    receipts = [sign_receipt(me, HOST_KEY, "m.0", i + 1, False, 1.0) for i in range(100)]
     receipts[7] = msgspec.structs.replace(receipts[7], samples=1000)
     expected = [i != 7 for i in range(100)]
     assert await Verifier().check(receipts) == expected

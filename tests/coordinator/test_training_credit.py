@@ -68,10 +68,10 @@ async def test_receipts_bound_the_claim_and_credit_stays_apart(db: AsyncEngine) 
     async with sessions() as s:
         assert await account_training_samples(s, trainer_account) == 0  # no receipt proves any of it
 
-    fwd = sign_receipt(trainer, host.peer_id, "ffn.0.0", 64, False, now)
-    back = sign_receipt(trainer, host.peer_id, "ffn.0.0", 64, True, now)
-    other_exp = sign_receipt(trainer, host.peer_id, "big.0.0", 500, False, now)
-    future = sign_receipt(trainer, host.peer_id, "ffn.0.1", 900, False, now + 10_000)  # refused
+    fwd = sign_receipt(trainer, host, "ffn.0.0", 64, False, now)
+    back = sign_receipt(trainer, host, "ffn.0.0", 64, True, now)
+    other_exp = sign_receipt(trainer, host, "big.0.0", 500, False, now)
+    future = sign_receipt(trainer, host, "ffn.0.1", 900, False, now + 10_000)  # refused
     result = await ingest(sessions, [fwd, back, other_exp, future], now=now)
     assert result.accepted == 3 and [r for _, r in result.rejected] == ["future"]
     again = await ingest(sessions, [fwd], now=now)  # a duplicate proves nothing more
@@ -93,7 +93,7 @@ async def test_receipts_bound_the_claim_and_credit_stays_apart(db: AsyncEngine) 
     # receipts of an experiment the trainer never claimed for credit nothing there
     assert board.count == 1
 
-    many = [sign_receipt(trainer, host.peer_id, "ffn.1.1", 100, False, now) for _ in range(20)]
+    many = [sign_receipt(trainer, host, "ffn.1.1", 100, False, now) for _ in range(20)]
     await ingest(sessions, many, now=now)
     async with sessions() as s:
         assert await account_training_samples(s, trainer_account) == 1000  # capped by the claim now

@@ -68,7 +68,7 @@ async def test_assigned_reachable_chosen_and_the_credit_of_its_receipts(
                 await asyncio.sleep(0.05)
         assert v.credit == 0.0
         answer = await api.post_receipts(
-            creds.token, [sign_receipt(identity, v, uid, 32, False, time.time())]
+            creds.token, [sign_receipt(identity, v.identity, uid, 32, False, time.time())]
         )
         assert answer["accepted"] == 1, answer
         before = v.credit_at

@@ -38,6 +38,8 @@ HOSTS = {uid: f"host{n % 2}" for n, uid in enumerate(UIDS)}  # host0: 5 experts,
 class CountingSwarm:
     """FakePeers by host id, counting methods; ``garbage`` hosts answer a batched call wrongly."""
 
+    peer_id = "7e" * 20  # the trainer's: receipt ids derive from it
+
     def __init__(self, servers: dict[str, ExpertServer]) -> None:
         self.peers = {}
         for host, server in servers.items():

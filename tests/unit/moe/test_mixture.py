@@ -27,6 +27,8 @@ UIDS = [f"ffn.{i}.{j}" for i in range(2) for j in range(2)]
 class Swarm:
     """Hosts by peer id; ``dead`` hosts fail at once, ``slow`` ones never answer."""
 
+    peer_id = "7e" * 20  # the trainer's: receipt ids derive from it
+
     def __init__(self, servers: dict[str, ExpertServer]) -> None:
         self.peers = {}
         for host, server in servers.items():

@@ -20,7 +20,7 @@ HOST = "ab" * 20
 
 def test_the_coordinator_verifies_our_receipts_and_reports() -> None:
     me = Identity.generate()
-    raw = sign_receipt(me, HOST, "ffn.0.3", 64, False, 1.7e9)
+    raw = sign_receipt(me, Identity.generate(), "ffn.0.3", 64, False, 1.7e9)  # the host countersigns
     receipt = msgspec.json.decode(msgspec.json.encode(raw), type=coord.SignedReceipt)
     coord.verify_receipt(receipt)
     tampered = msgspec.structs.replace(receipt, samples=65)

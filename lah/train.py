@@ -17,7 +17,9 @@ trainer leaves. A second Ctrl+C quits at once.
 
 Exit status: 0 done or stopped, 1 the coordinator or the swarm could not be reached, 2 a usage problem
 (no login, not a trainer, no such experiment, a data set that does not fit the experiment, nothing at
-a --coordinator it has no login for: a mistyped URL), 130 quit at once.
+a --coordinator it has no login for: a mistyped URL) or a step whose loss or gradients are not finite
+(the sentence names the step and the cause; that step asked no expert for a backward pass and none of
+its receipts is sent), 130 quit at once.
 """
 
 from __future__ import annotations
@@ -123,6 +125,8 @@ def run_train(
 ) -> int:
     """Train until ``steps``/``samples`` or Ctrl+C (see the module's docstring); the exit status.
     ``tokenizer`` and ``resume``: a language model's (:mod:`lah.train_lm`)."""
+    from engine.trainer.trainer import StepNotFinite
+
     from .train_lm import LmTrainError
 
     lm_options = {"tokenizer": tokenizer, "resume": resume}
@@ -140,6 +144,9 @@ def run_train(
             lm_options,
         )
     except LmTrainError as e:
+        say(f"lah train: {e}")
+        return 2
+    except StepNotFinite as e:
         say(f"lah train: {e}")
         return 2
     except TrainError as e:
@@ -235,15 +242,18 @@ def _run(
             n_classes=experiment.classes,
         )
         data_seed = int.from_bytes(hashlib.sha256(identity.peer_id.encode()).digest()[:4], "little")
+        node.hold_steps = True  # a step's receipts wait until it proves finite (Trainer.settle)
         if cfg.target_batch_size > 0:
             collab = loop.run(node.collaborate(model), 60)
-            trainer = Trainer(model, dataset, cfg, collab=collab, loop=loop, data_seed=data_seed)
+            trainer = Trainer(
+                model, dataset, cfg, collab=collab, loop=loop, data_seed=data_seed, settle=node.settle_step
+            )
             say(
                 f"training the dense part with the experiment's other trainers: "
                 f"target batch {cfg.target_batch_size}"
             )
         else:
-            trainer = Trainer(model, dataset, cfg, data_seed=data_seed)
+            trainer = Trainer(model, dataset, cfg, data_seed=data_seed, settle=node.settle_step)
             say("this experiment has no target batch size: training alone")
         with _Interrupts(say) as interrupts:
             if trainer.collab is not None and wait_peers > 1:

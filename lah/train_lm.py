@@ -233,12 +233,14 @@ def train_language_model(
     except OSError as e:
         raise LmTrainError(f"cannot write metrics in {folder}: {e}") from e
     board = _tensorboard(folder / "tensorboard")
+    node.hold_steps = True  # a step's receipts wait until its loss and gradients prove finite
     poster = ProgressPoster(node.api, node.token, loop, experiment.name)
     last = None
     try:
         for row in train(
             model, corpus, settings, optimizer, log, skippable=SKIPPABLE,
             counters=lambda: call_counters(node), start_step=start, stop=stop, apply=together,
+            settle=node.settle_step,
         ):  # fmt: skip
             last = row
             if board is not None:

@@ -25,7 +25,15 @@ May import: engine.moe, engine.wire
 from __future__ import annotations
 
 from .corpus import DEFAULT_CORPUS, TRAIN_FRACTION, Corpus, open_corpus, read_text
-from .errors import ConfigError, DataError, LmError, LossNotFinite, ModelFileError, TokenizerMismatch
+from .errors import (
+    ConfigError,
+    DataError,
+    GradientNotFinite,
+    LmError,
+    LossNotFinite,
+    ModelFileError,
+    TokenizerMismatch,
+)
 from .loop import CallCounters, CsvLog, Metrics, TrainSettings, evaluate, train
 from .model import LanguageModel, LmConfig, grid_name
 from .tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer, check_same
@@ -41,6 +49,7 @@ __all__ = [
     "Corpus",
     "CsvLog",
     "DataError",
+    "GradientNotFinite",
     "LanguageModel",
     "LmConfig",
     "LmError",

@@ -22,8 +22,10 @@ from pathlib import Path
 
 import torch
 
+from engine.wire import all_finite
+
 from .corpus import Corpus
-from .errors import LossNotFinite
+from .errors import GradientNotFinite, LossNotFinite
 from .model import LanguageModel
 
 __all__ = ["CallCounters", "CsvLog", "Metrics", "TrainSettings", "evaluate", "train"]
@@ -133,12 +135,17 @@ def train(
     start_step: int = 0,
     stop: threading.Event | None = None,
     apply: Callable[[int], None] | None = None,
+    settle: Callable[[bool], None] | None = None,
 ) -> Iterator[Metrics]:
     """Train from ``start_step`` (a resumed run's) to ``settings.steps``, yielding a row per evaluation
     (and the last step, and the step at which ``stop`` was set). Raises :class:`LossNotFinite` at the
-    first NaN or inf loss, before that step touches any weight. The batches of step ``n`` are the same
-    whether or not the run was resumed. ``apply(windows)`` takes the step's gradients instead of
-    ``optimizer.step()`` (a collaborative optimizer, which steps once the team has enough windows)."""
+    first NaN or inf loss, before that step touches any weight or asks any expert for a backward pass,
+    and :class:`GradientNotFinite` at the first step whose loss is finite but a gradient is not, before
+    that step touches any weight. The batches of step ``n`` are the same whether or not the run was
+    resumed. ``apply(windows)`` takes the step's gradients instead of ``optimizer.step()`` (a
+    collaborative optimizer, which steps once the team has enough windows). ``settle(good)`` is told,
+    after each step, whether the experts' work of that step earned anything (False: that step stopped
+    the run; the trainer's receipts of it are withheld)."""
     context = model.config.context
     corpus.check_fits(context, settings.batch)
     opt = optimizer or torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=0.0)
@@ -153,9 +160,14 @@ def train(
             assert loss is not None
             value = float(loss.detach())
             if not math.isfinite(value):
+                _settle(settle, False)
                 raise LossNotFinite(step, value)
             opt.zero_grad(set_to_none=True)
             loss.backward()
+            bad = first_non_finite_gradient(model)
+            if bad is not None:
+                _settle(settle, False)
+                raise GradientNotFinite(step, value, bad)
             if apply is None:
                 opt.step()
             else:
@@ -163,6 +175,7 @@ def train(
         except skippable:
             skipped += 1
             value = float("nan")
+        _settle(settle, True)
         stopping = stop is not None and stop.is_set()
         if step % settings.eval_every == 0 or step == settings.steps or stopping:
             val = evaluate(model, corpus, settings.eval_batches, settings.batch, skippable=skippable)
@@ -185,3 +198,16 @@ def train(
             yield row
         if stopping:
             return
+
+
+def first_non_finite_gradient(model: torch.nn.Module) -> str | None:
+    """The name of the first parameter whose gradient holds a NaN or an inf, or None."""
+    for name, p in model.named_parameters():
+        if p.grad is not None and not all_finite(p.grad):
+            return name
+    return None
+
+
+def _settle(settle: Callable[[bool], None] | None, good: bool) -> None:
+    if settle is not None:
+        settle(good)

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from engine.p2p import Peer
+from engine.wire import all_finite
 
 from .beam import plan_calls
 from .client import RemoteExpert, new_activation_id
@@ -211,6 +212,8 @@ class _MixtureCall(torch.autograd.Function):
         layer: RemoteMixtureOfExperts = ctx.layer
         x: torch.Tensor = ctx.like
         ok: list[int] = ctx.ok
+        if not all_finite(grad_outputs):  # no expert is asked to learn from it: the trainer stops
+            return None, torch.full_like(x, math.nan), None, None
         plan = [ctx.plan[i] for i in ok]
         grads = [c.expert.to_wire(grad_outputs[c.rows, c.slots]) for c in plan]
         wire = [ctx.wire[i] for i in ok]

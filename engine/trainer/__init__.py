@@ -6,7 +6,8 @@
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
     spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator
-    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), the remote and local models
+    trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), the remote and local models,
+                         StepNotFinite (a step whose loss or gradients are not finite stops the run)
     node.py              TrainerNode, the swarm side: account, Peer, DHT client, finder, receipts, spot
                          checks; with target_batch_size, the dense part steps with other trainers
                          (engine.collab)
@@ -25,6 +26,7 @@ from .node import TrainerNode
 from .receipts import ReceiptBook, Work, sign_receipt, sign_spot_check
 from .spot_check import SpotChecker
 from .trainer import (
+    StepNotFinite,
     Trainer,
     TrainerConfig,
     TrainStats,
@@ -39,6 +41,7 @@ __all__ = [
     "LocalMixtureOfExperts",
     "ReceiptBook",
     "SpotChecker",
+    "StepNotFinite",
     "TrainStats",
     "Trainer",
     "TrainerConfig",

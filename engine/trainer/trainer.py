@@ -9,12 +9,18 @@ they receive. A step whose mixture cannot get ``k_min`` answers is skipped. Its 
 With ``target_batch_size`` (the experiment's), the dense parameters are trained collaboratively
 (DeDLOC, :mod:`engine.collab`): the trainer thread hands each batch's gradients to the node's
 :class:`~engine.collab.CollaborativeOptimizer` on the loop (it blocks there while its group averages).
+
+No credit for nothing: a step whose loss is not finite stops before its backward pass (no expert is
+asked for one), a step with a non-finite gradient stops before the optimizer, and either raises
+:class:`StepNotFinite` naming the step and the cause; ``settle(False)`` tells the node to withhold the
+receipts of that step (``settle(True)`` after every other step releases them).
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
+import math
 import threading
 import time
 from collections import Counter
@@ -33,10 +39,12 @@ from engine.moe.layer_calls import CallRecord
 from engine.moe.mixture import ExpertFinder
 from engine.moe.registry import ExpertSpec
 from engine.p2p import Peer
+from engine.wire import all_finite
 
 from .model import Digits, DigitsDMoE, LocalMixtureOfExperts
 
 __all__ = [
+    "StepNotFinite",
     "TrainStats",
     "Trainer",
     "TrainerConfig",
@@ -47,6 +55,26 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
+
+
+class StepNotFinite(RuntimeError):
+    """A training step whose loss or gradients are not finite: the run stops there (``lah train``:
+    exit status 2). ``step`` is the batch's number (from 1), ``cause`` what was not finite."""
+
+    def __init__(self, step: int, cause: str) -> None:
+        super().__init__(
+            f"step {step}: {cause}; training stopped there (no backward pass, optimizer step or receipt "
+            "for that step)"
+        )
+        self.step, self.cause = step, cause
+
+
+def first_non_finite_gradient(model: nn.Module) -> str | None:
+    """The name of the first parameter whose gradient holds a NaN or an inf, or None."""
+    for name, p in model.named_parameters():
+        if p.grad is not None and not all_finite(p.grad):
+            return name
+    return None
 
 
 @dataclass(frozen=True)
@@ -165,11 +193,15 @@ class Trainer:
         collab: CollaborativeOptimizer | None = None,
         loop: LoopThread | None = None,
         data_seed: int | None = None,
+        settle: Callable[[bool], None] | None = None,
     ) -> None:
+        """``settle(good)``: told after each step whether its experts' work earns receipts (the node's
+        ``settle_step``)."""
         if collab is not None and loop is None:
             raise ValueError("a collaborative trainer needs the loop its collaboration runs on")
         self.model, self.data, self.config = model, data, config
         self.collab, self.loop = collab, loop
+        self.settle = settle
         self.optimizer = (
             collab.optimizer if collab is not None else torch.optim.Adam(model.parameters(), lr=config.lr)
         )
@@ -185,19 +217,29 @@ class Trainer:
         return self.data.x_train[index], self.data.y_train[index]
 
     def step(self) -> float | None:
-        """One optimizer step; ``None`` when the mixture could not get enough answers (skipped)."""
+        """One optimizer step; ``None`` when the mixture could not get enough answers (skipped).
+        Raises :class:`StepNotFinite` (module docstring)."""
         self.model.train()
         x, y = self._batch()
         t0 = time.monotonic()
+        number = self.stats.steps + self.stats.skipped_steps + 1
         try:
             loss = nn.functional.cross_entropy(self.model(x), y)
+            value = float(loss.detach())
+            if not math.isfinite(value):
+                self._refuse(number, f"the loss is {value}")
             self.optimizer.zero_grad()
             loss.backward()  # type: ignore[no-untyped-call]
+            bad = first_non_finite_gradient(self.model)
+            if bad is not None:
+                self._refuse(number, f"the gradient of {bad} is not finite (loss {value:.4g})")
             if self.collab is None:
                 self.optimizer.step()
-            result: float | None = float(loss.detach())
+            result: float | None = value
         except (NotEnoughExperts, ExpertCallFailed, TimeoutError):
             result = None
+        if self.settle is not None:
+            self.settle(True)
         took = time.monotonic() - t0
         if result is not None:
             self.stats.samples += len(x)
@@ -211,6 +253,11 @@ class Trainer:
             self.stats.steps += 1
             self.stats.last_loss = result
         return result
+
+    def _refuse(self, number: int, cause: str) -> None:
+        if self.settle is not None:
+            self.settle(False)
+        raise StepNotFinite(number, cause)
 
     def _collab_step(self, batch_size: int) -> None:
         """Hand this batch's gradients to the collaboration; it steps when the target is reached."""

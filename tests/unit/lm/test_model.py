@@ -13,6 +13,7 @@ from torch import nn
 from engine.lm import (
     ConfigError,
     CsvLog,
+    GradientNotFinite,
     LanguageModel,
     LmConfig,
     LossNotFinite,
@@ -139,3 +140,33 @@ def test_a_nan_loss_stops_training_before_it_touches_a_weight() -> None:
         list(train(model, corpus, TrainSettings(steps=5, batch=8)))
     after = model.state_dict()
     assert all(torch.equal(before[k].nan_to_num(), after[k].nan_to_num()) for k in before)
+
+
+def test_a_non_finite_gradient_stops_training_before_it_touches_a_weight() -> None:
+    torch.manual_seed(0)
+    corpus = open_corpus()
+    model = local(SMALL)
+    name, param = next(iter(model.named_parameters()))
+    param.register_hook(lambda g: g * float("inf"))  # a finite loss, an infinite gradient
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    settled: list[bool] = []
+    with pytest.raises(GradientNotFinite, match=f"the gradient of {name} is not finite at step 1"):
+        list(train(model, corpus, TrainSettings(steps=5, batch=8), settle=settled.append))
+    assert settled == [False]  # that step's receipts are withheld
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_every_good_step_is_settled_and_a_nan_loss_is_not() -> None:
+    torch.manual_seed(0)
+    corpus = open_corpus()
+    settled: list[bool] = []
+    list(train(local(SMALL), corpus, TrainSettings(steps=3, batch=8, eval_every=3), settle=settled.append))
+    assert settled == [True, True, True]
+    model = local(SMALL)
+    with torch.no_grad():
+        model.tokens.weight[0, 0] = float("nan")
+    settled.clear()
+    with pytest.raises(LossNotFinite):
+        list(train(model, corpus, TrainSettings(steps=5, batch=8), settle=settled.append))
+    assert settled == [False]

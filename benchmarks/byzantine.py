@@ -77,9 +77,10 @@ from benchmarks.collab_training import LR, accuracy, make_model
 from engine.collab import AllReduceConfig, AllReduceService, CenteredClipConfig
 from engine.collab import state as collab_state
 from engine.collab.matchmaking import freeze_group
-from engine.collab.optimizer import scaled_learning_rate, step_scale
 from engine.collab.reducer import MAX_WEIGHT
-from engine.collab.state import StateDonor, StateRecord, download_state, load_snapshot, take_snapshot
+from engine.collab.snapshot import StateRecord, load_snapshot, take_snapshot
+from engine.collab.state import StateDonor, download_state
+from engine.collab.stepping import scaled_learning_rate, step_scale
 from engine.trainer.model import Digits, load_digits_split
 from engine.wire import Compression
 from tests.unit.collab.mesh import FakeDHT, mesh

@@ -11,15 +11,20 @@ Layers, bottom up (each imports only those below it)::
                  cap): pure
     codec        lossy round trip of a chunk, ErrorFeedback: pure tensor functions
     memory       glibc's allocator told to return freed buffers (mmap threshold pinned, trim)
+    stepping     holds_back (which epoch a batch counts towards), step_scale / scaled_learning_rate
+                 (how far a step goes): pure
+    snapshot     a model's state as a blob and its Manifest (take, check against this model's size,
+                 load), StateRecord and choose_state (the state a majority of donors vouch for): pure
     group        Group (members, parts, compression) and its wire form
     reducer      PartReducer: one reducer's slice of one round (CenteredClip or the mean; exclusion,
                  bounded weights, stall watchdog)
     tracker      ProgressTracker: publish / read progress in the DHT
     allreduce    AllReduceService: collab.reduce served and called, chunked, windowed, bounded
+    state_averaging  parameters and optimizer moments averaged through the all-reduce
     matchmaking  Matchmaker: DHT key per epoch, one leader freezes the group (collab.join);
                  freeze_group / check_group: the bounds on claims every member checks
-    state        snapshots, StateDonor (collab.state_manifest / collab.state_part), download_state
-                 (the majority's state, its manifest bounded by this model's size)
+    state        StateDonor (collab.state_manifest / collab.state_part) and download_state: the
+                 majority's snapshot fetched in parts from every donor of it, each part hash-checked
     optimizer    CollaborativeOptimizer: accumulate, decide, match, all-reduce, step, share state
 
 Byzantine members (issue 28, items 1 and 2): claims are bounded by what others can check (weights,

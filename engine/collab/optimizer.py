@@ -6,17 +6,14 @@ accumulated ``target_batch_size`` samples, the peers due form a group, average t
 weighted by their sample counts, and every member applies the same averaged gradient with its
 optimizer: identical inputs, identical steps.
 
-Epochs hit the target to within half a batch: a batch that arrives when the collaboration (as this
-peer estimates it) already has the target, or is closer to it without the batch than with it, is held
-back (its ``.grad`` tensors are kept aside, no extra copy) and counts towards the next epoch; a peer
-that stops to match publishes its count with a rate of 0, so the others count it exactly rather than
-extrapolating samples it no longer computes. Every ``average_state_every`` epochs the group also
-averages parameters and optimizer state (Adam's moments: every floating tensor of a parameter's shape)
-through the same all-reduce, uncompressed, which pulls together members that drifted apart (a step
-taken alone, a round that kept local values). A peer that could not get
-into a group, or whose round lost a reducer, steps with its local gradient for what was not averaged and
-logs so. After a step a donor snapshots its state for newcomers (:mod:`state`). A peer that finds the
-collaboration ahead of it downloads the state instead of stepping.
+Epochs hit the target to within half a batch (:mod:`.stepping`): a batch held back keeps its ``.grad``
+tensors aside (no extra copy) and counts towards the next epoch; a peer that stops to match publishes
+its count with a rate of 0, so the others count it exactly rather than extrapolating samples it no
+longer computes. Every ``average_state_every`` epochs the group also averages parameters and optimizer
+state (:mod:`.state_averaging`). A peer that could not get into a group, or whose round lost a reducer,
+steps with its local gradient for what was not averaged and logs so. After a step a donor snapshots
+its state for newcomers (:mod:`.state`). A peer that finds the collaboration ahead of it downloads the
+state instead of stepping.
 
 Claims bounded: this peer's weight in a round is its samples, sent as at most ``2 x target_batch_size``
 (``allreduce.max_weight``, unless set: every reducer refuses more, so no honest member is refused; a
@@ -28,11 +25,10 @@ model's size. :attr:`CollaborativeOptimizer.refusals` sums what was refused, by 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -47,11 +43,13 @@ from engine.wire import Compression
 from .allreduce import AllReduceConfig, AllReduceService, RoundReport
 from .codec import ErrorFeedback
 from .errors import GroupClosed, MatchmakingFailed, Refusals, StateDownloadFailed
-from .group import Group
 from .matchmaking import Matchmaker, MatchmakingConfig
 from .progress import CollabProgress
 from .reducer import MAX_WEIGHT
-from .state import DownloadReport, StateDonor, download_state, load_snapshot, take_snapshot
+from .snapshot import load_snapshot, take_snapshot
+from .state import DownloadReport, StateDonor, download_state
+from .state_averaging import average_state, averaged_tensors
+from .stepping import holds_back, scaled_learning_rate, step_scale
 from .tracker import ProgressTracker
 
 logger = logging.getLogger(__name__)
@@ -64,41 +62,6 @@ def relayed_links(peer: Peer) -> list[str]:
     return [
         remote for remote, link in peer.links.items() if "relay" in (selected_candidate_types(link.pc) or ())
     ]
-
-
-def step_scale(samples: int, target: int, low: float = 0.5, high: float = 2.0) -> float:
-    """How much larger than planned this step is: the samples the step averaged over the target batch
-    size, bounded. The learning rate is scaled by it (the linear scaling rule), so that an epoch that
-    overshot the target by a few batches moves the parameters as far as the extra samples would have
-    in a step of their own, and training per sample matches training with the target batch. Every
-    member of a round scales by the same group total, so their steps stay identical."""
-    if target <= 0 or samples <= 0:
-        return 1.0
-    return max(low, min(high, samples / target))
-
-
-@contextlib.contextmanager
-def scaled_learning_rate(optimizer: torch.optim.Optimizer, scale: float) -> Iterator[None]:
-    """The optimizer's learning rates times ``scale`` for one step, restored after it (exactly: the
-    original values are put back, not divided back)."""
-    saved = [group.get("lr") for group in optimizer.param_groups]
-    try:
-        if scale != 1.0:
-            for group, lr in zip(optimizer.param_groups, saved, strict=True):
-                if isinstance(lr, float | int):
-                    group["lr"] = lr * scale
-        yield
-    finally:
-        for group, lr in zip(optimizer.param_groups, saved, strict=True):
-            if lr is not None:
-                group["lr"] = lr
-
-
-def holds_back(samples: float, batch: int, target: int) -> bool:
-    """Whether a batch of ``batch`` samples goes to the next epoch rather than this one, when the
-    collaboration has ``samples`` towards ``target`` without it: when adding it would overshoot the
-    target by more than leaving it out falls short. So epochs land within half a batch of the target."""
-    return samples > 0 and samples + batch / 2 > target
 
 
 @dataclass
@@ -420,7 +383,8 @@ class CollaborativeOptimizer:
         state_round = None
         every = self.config.average_state_every
         if group is not None and len(group.members) > 1 and every > 0 and epoch % every == 0:
-            state_round = await self._average_state(group)
+            state = averaged_tensors(self.params, self.optimizer)
+            state_round = await average_state(self.service, group, state)
         others = self.tracker.progress().peers > 1
         if others and (alone is not None or (report is not None and not report.complete)):
             self._diverged_at = time.monotonic()
@@ -435,43 +399,6 @@ class CollaborativeOptimizer:
         out = StepReport(epoch, report.group_size if report else 1, samples, report, alone, state_round)
         self.reports.append(out)
         return out
-
-    def _state_tensors(self) -> list[torch.Tensor]:
-        """Parameters, then each parameter's floating optimizer state of its shape (Adam's moments;
-        not its step count), in an order every member derives alike."""
-        tensors: list[torch.Tensor] = [p.data for p in self.params]
-        for p in self.params:
-            state = self.optimizer.state.get(p, {})
-            for key in sorted(k for k in state if isinstance(k, str) and k != "step"):
-                v = state[key]
-                if isinstance(v, torch.Tensor) and v.is_floating_point() and v.shape == p.shape:
-                    tensors.append(v)
-        return tensors
-
-    async def _average_state(self, group: Group) -> RoundReport | None:
-        """Average parameters and optimizer state with ``group`` (equal weights, uncompressed): one
-        flat copy of them for the round, written back in place."""
-        tensors = self._state_tensors()
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        state_group = group.resized(flat.numel(), f"{group.round_id}/state", Compression.NONE)
-        try:
-            report = await self.service.all_reduce(state_group, flat, 1.0)
-        except ValueError as e:
-            logger.warning("round %s: state not averaged: %s", state_group.round_id, e)
-            return None
-        if not report.complete:
-            logger.warning(
-                "round %s: state averaging incomplete (%d elements local)",
-                state_group.round_id,
-                report.local_elements,
-            )
-        offset = 0
-        with torch.no_grad():
-            for t in tensors:
-                n = t.numel()
-                t.copy_(flat[offset : offset + n].view_as(t))
-                offset += n
-        return report
 
     def _peers_here(self) -> set[str]:
         """Peers whose latest progress says they are in our epoch: the group we expect to form."""

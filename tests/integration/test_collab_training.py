@@ -21,7 +21,8 @@ from engine.collab import (
 )
 from engine.collab.allreduce import AllReduceConfig
 from engine.collab.progress import LocalProgress, encode_progress, progress_key
-from engine.collab.state import STATE_PART, StateDonor, download_state, take_snapshot
+from engine.collab.snapshot import take_snapshot
+from engine.collab.state import STATE_PART, StateDonor, download_state
 from engine.dht import DHTNode
 from engine.dht.p2p_transport import PeerTransport
 from engine.dht.records import Record, encode_record, sign_record

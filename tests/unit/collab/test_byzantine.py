@@ -30,23 +30,21 @@ from engine.collab.errors import (
     WeightRefused,
 )
 from engine.collab.matchmaking import check_group, freeze_group
-from engine.collab.optimizer import step_scale
 from engine.collab.progress import LocalProgress, Seen, derive_progress
 from engine.collab.reducer import PartReducer
 from engine.collab.robust import _median, bounded_weights, centered_clip, max_share
-from engine.collab.state import (
-    STATE_MANIFEST,
+from engine.collab.snapshot import (
     Manifest,
-    StateDonor,
     StateRecord,
     TensorEntry,
     check_manifest,
     choose_state,
-    download_state,
     encode_manifest,
     state_bytes_bound,
     take_snapshot,
 )
+from engine.collab.state import STATE_MANIFEST, StateDonor, download_state
+from engine.collab.stepping import step_scale
 from engine.p2p import CallContext
 from engine.wire import Compression, Kind, Message
 from tests.unit.collab.mesh import FakeDHT, mesh

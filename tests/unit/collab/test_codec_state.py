@@ -8,7 +8,7 @@ from torch import nn
 
 from engine.collab.codec import ErrorFeedback, roundtrip
 from engine.collab.errors import NoStateMajority, StateDownloadFailed
-from engine.collab.state import StateRecord, choose_state, load_snapshot, take_snapshot
+from engine.collab.snapshot import StateRecord, choose_state, load_snapshot, take_snapshot
 from engine.wire import Compression
 
 

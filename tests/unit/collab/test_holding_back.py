@@ -2,7 +2,7 @@
 
 import random
 
-from engine.collab.optimizer import holds_back
+from engine.collab.stepping import holds_back
 
 
 def test_a_batch_goes_where_it_leaves_the_epoch_closest_to_the_target() -> None:

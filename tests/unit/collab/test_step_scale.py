@@ -6,7 +6,7 @@ from torch import nn
 
 from engine.collab.errors import MatchmakingFailed
 from engine.collab.group import Group, decode_group, encode_group
-from engine.collab.optimizer import scaled_learning_rate, step_scale
+from engine.collab.stepping import scaled_learning_rate, step_scale
 from engine.wire import Compression
 
 

@@ -7,7 +7,7 @@ Layers, bottom to top (each only imports the ones beneath it)::
     finite.py       all_finite: the NaN/inf check every untrusted tensor passes, one cheap pass
     inline.py       casts and copies on the calling thread only (no OpenMP team beside the compute's)
         │
-    compression.py  float16 cast, int8 blockwise absmax quantization (stated error bounds)
+    compression.py  float16 cast, int8 and int4 blockwise absmax quantization (stated error bounds)
         │
     tensors.py      TensorMeta + payload <-> torch.Tensor (dtype whitelist, little-endian)
         │
@@ -35,8 +35,10 @@ from .compression import (
     DEFAULT_BLOCK_SIZE,
     MAX_BLOCK_SIZE,
     MIN_BLOCK_SIZE,
+    dequantize_int4,
     dequantize_int8,
     from_float16,
+    quantize_int4,
     quantize_int8,
     to_float16,
 )
@@ -78,6 +80,7 @@ __all__ = [
     "all_finite",
     "decode_message",
     "decode_tensor",
+    "dequantize_int4",
     "dequantize_int8",
     "encode_message",
     "encode_message_bytes",
@@ -85,6 +88,7 @@ __all__ = [
     "encoded_size",
     "from_float16",
     "peek_message",
+    "quantize_int4",
     "quantize_int8",
     "to_float16",
 ]

@@ -39,6 +39,25 @@ int8 blockwise absmax (1 byte/element + 4 bytes/block)
     Inputs must be finite (``EncodeError`` otherwise): one inf makes
     the whole block's scale inf and destroys it.  float64 blocks whose absmax
     exceeds float32 range * 127 cannot be represented and raise ``EncodeError``.
+
+int4 blockwise absmax (half a byte/element + 4 bytes/block)
+    The same blocks and float32 scales with 7 levels a side:
+    ``scale = float32(absmax / 7)``, ``q = clamp(round(x / scale), ±7)``, each
+    ``q`` sent as the nibble ``q + 8`` (1..15), two to a byte, the even element
+    in the low nibble.  An odd element count leaves the last byte's high nibble
+    as padding, which must be 0 (a decoder refuses anything else).  Payload
+    layout: ``[scales: float32 LE * n_blocks][nibbles: uint8 * ceil(numel/2)]``.
+    The nibble 0 (q = -8) is never sent; a peer's decodes to ``-8 * scale``,
+    saturated like int8's -128, so no payload can produce a non-finite value
+    from finite scales.  Bound, as int8's with ``absmax/14`` for ``absmax/254``::
+
+        |x - x̂| <= absmax/14 * (1 + 1e-6) + absmax * u + s + 2**-140
+
+        (+ absmax * 2**-22 for float32, float16 and bfloat16 inputs)
+
+    Error feedback is the caller's: the codec is stateless.  Expert calls carry
+    different samples on every call, so they have no residual to carry (see
+    engine.moe.client).
 """
 
 from __future__ import annotations
@@ -54,11 +73,14 @@ __all__ = [
     "DEFAULT_BLOCK_SIZE",
     "MAX_BLOCK_SIZE",
     "MIN_BLOCK_SIZE",
+    "dequantize_int4",
     "dequantize_int8",
     "from_float16",
+    "int4_payload_nbytes",
     "int8_payload_nbytes",
     "is_valid_block_size",
     "n_blocks",
+    "quantize_int4",
     "quantize_int8",
     "row_block_size",
     "to_float16",
@@ -110,6 +132,11 @@ def int8_payload_nbytes(numel: int, block_size: int) -> int:
     return 4 * n_blocks(numel, block_size) + numel
 
 
+def int4_payload_nbytes(numel: int, block_size: int) -> int:
+    """Lets the decoder validate a claimed payload size before allocating anything."""
+    return 4 * n_blocks(numel, block_size) + (numel + 1) // 2
+
+
 def _require_float(t: torch.Tensor) -> None:
     if not t.is_floating_point():
         raise EncodeError(f"compression needs a floating tensor, got {t.dtype}")
@@ -132,6 +159,20 @@ def from_float16(h: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns ``(scales float32[n_blocks], q int8[numel])``; see the module docstring for the bound."""
+    return _quantize(t, block_size, 127, "int8")
+
+
+def quantize_int4(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns ``(scales float32[n_blocks], nibbles uint8[ceil(numel/2)])``; see the module docstring."""
+    scales, q = _quantize(t, block_size, 7, "int4")
+    codes = q.numpy().astype(np.uint8) + np.uint8(8)
+    if codes.size % 2:
+        codes = np.concatenate([codes, np.zeros(1, dtype=np.uint8)])  # the padding nibble is 0
+    return scales, torch.from_numpy(codes[0::2] | (codes[1::2] << np.uint8(4)))
+
+
+def _quantize(t: torch.Tensor, block_size: int, top: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Blockwise absmax to ``top`` levels a side: ``(scales float32[n_blocks], q int8[numel])``."""
     _require_float(t)
     if not is_valid_block_size(block_size):
         raise EncodeError(f"block_size must be a power of two in [{MIN_BLOCK_SIZE}, {MAX_BLOCK_SIZE}]")
@@ -143,7 +184,7 @@ def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tupl
     if numel == 0:
         return scales, q
     if not all_finite(flat):
-        raise EncodeError("int8 quantization needs finite values (found NaN or inf)")
+        raise EncodeError(f"{name} quantization needs finite values (found NaN or inf)")
     work = torch.float64 if flat.dtype == torch.float64 else torch.float32
     rows_per_chunk = max(1, _CHUNK_ELEMENTS // block_size)
     # The arithmetic in numpy, which never starts threads (torch.round and reductions over a few blocks
@@ -158,13 +199,13 @@ def quantize_int8(t: torch.Tensor, block_size: int = DEFAULT_BLOCK_SIZE) -> tupl
             x = np.concatenate([x, np.zeros(pad, dtype=x.dtype)])
         blocks = x.reshape(last - first, block_size)
         with np.errstate(over="ignore"):  # a float64 absmax past float32's range: caught just below
-            s32 = (np.abs(blocks).max(axis=1) / x.dtype.type(127)).astype(np.float32)
+            s32 = (np.abs(blocks).max(axis=1) / x.dtype.type(top)).astype(np.float32)
         if not np.isfinite(s32).all():
             raise EncodeError("block absmax exceeds what a float32 scale can represent")
         s = s32.astype(x.dtype)[:, None]
         # A zero scale means every |x| in the block is below float32's reach; q = 0 is within the bound.
         divisor = np.where(s > 0, s, x.dtype.type(1))
-        qb = np.clip(np.rint(blocks / divisor), -127, 127).astype(np.int8)
+        qb = np.clip(np.rint(blocks / divisor), -top, top).astype(np.int8)
         scales[first:last] = torch.from_numpy(s32)
         q[lo:hi] = torch.from_numpy(qb.reshape(-1)[: hi - lo])
     return scales, q
@@ -196,3 +237,22 @@ def dequantize_int8(
             s = scales[first:last].to(work).repeat_interleave(block_size)[: hi - lo]
             out[lo:hi] = (q[lo:hi].to(work) * s).clamp_(-top, top).to(dtype)
     return out
+
+
+def dequantize_int4(
+    scales: torch.Tensor,
+    packed: torch.Tensor,
+    numel: int,
+    dtype: torch.dtype,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+) -> torch.Tensor:
+    """Inverse of ``quantize_int4``; returns a fresh flat tensor of ``numel`` elements of ``dtype``.
+
+    Trusts its inputs as ``dequantize_int8`` does: the decoder has checked that ``packed`` holds
+    ``ceil(numel / 2)`` bytes and ``scales`` ``n_blocks(numel, block_size)`` entries."""
+    codes = packed.numpy()  # numpy: no OpenMP team on the caller's thread (inline.py)
+    q = np.empty(2 * codes.size, dtype=np.int8)
+    q[0::2] = codes & np.uint8(15)
+    q[1::2] = codes >> np.uint8(4)
+    q -= np.int8(8)
+    return dequantize_int8(scales, torch.from_numpy(q[:numel]), dtype, block_size)

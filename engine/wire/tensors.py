@@ -28,11 +28,14 @@ import msgspec
 import torch
 
 from .compression import (
+    dequantize_int4,
     dequantize_int8,
     from_float16,
+    int4_payload_nbytes,
     int8_payload_nbytes,
     is_valid_block_size,
     n_blocks,
+    quantize_int4,
     quantize_int8,
     row_block_size,
     to_float16,
@@ -62,13 +65,14 @@ class Compression(enum.IntEnum):
     NONE = 0
     FLOAT16 = 1
     INT8 = 2
+    INT4 = 3
 
 
 class TensorMeta(msgspec.Struct, array_like=True, frozen=True, forbid_unknown_fields=True):
     """Array-like to keep per-tensor header overhead to a handful of bytes.
 
     ``dtype`` is the *original* dtype (what the receiver gets back); ``nbytes``
-    is the payload size on the wire; ``block_size`` is 0 unless INT8.
+    is the payload size on the wire; ``block_size`` is 0 unless INT8 or INT4.
     """
 
     dtype: str
@@ -95,6 +99,7 @@ _DTYPE_NAMES: dict[torch.dtype, str] = {v: k for k, v in SUPPORTED_DTYPES.items(
 _ITEMSIZE: dict[str, int] = {k: v.itemsize for k, v in SUPPORTED_DTYPES.items()}
 _FLOATING = frozenset({"float32", "float64", "float16", "bfloat16"})
 _COMPRESSION_VALUES = frozenset(int(c) for c in Compression)
+_BLOCKWISE = frozenset({Compression.INT8, Compression.INT4})
 
 
 def payload_nbytes(dtype: str, numel: int, compression: int, block_size: int) -> int:
@@ -103,6 +108,8 @@ def payload_nbytes(dtype: str, numel: int, compression: int, block_size: int) ->
         return 2 * numel
     if compression == Compression.INT8:
         return int8_payload_nbytes(numel, block_size)
+    if compression == Compression.INT4:
+        return int4_payload_nbytes(numel, block_size)
     return _ITEMSIZE[dtype] * numel
 
 
@@ -126,7 +133,7 @@ def encode_tensor(
     block_size: int | None = None,
 ) -> tuple[TensorMeta, memoryview | bytes]:
     """Returns metadata plus a payload; a NONE payload aliases ``t``, so don't mutate it before sending.
-    ``block_size`` (int8): None for a block per row where rows allow it (``row_block_size``)."""
+    ``block_size`` (int8, int4): None for a block per row where rows allow it (``row_block_size``)."""
     if not isinstance(t, torch.Tensor):
         raise EncodeError(f"expected a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
@@ -149,7 +156,8 @@ def encode_tensor(
     else:
         if block_size is None:
             block_size = row_block_size(shape)
-        scales, q = quantize_int8(t, block_size)
+        quantize = quantize_int8 if comp == Compression.INT8 else quantize_int4
+        scales, q = quantize(t, block_size)
         joined = torch.empty(4 * scales.numel() + q.numel(), dtype=torch.uint8)
         copy_into(joined[: 4 * scales.numel()], scales.view(torch.uint8))
         copy_into(joined[4 * scales.numel() :], q.view(torch.uint8))
@@ -167,11 +175,12 @@ def _check_meta(meta: TensorMeta, limits: Limits) -> tuple[torch.dtype, int]:
         raise DecodeError(f"unknown compression {meta.compression}")
     if meta.compression != Compression.NONE and meta.dtype not in _FLOATING:
         raise DecodeError(f"compression {meta.compression} is invalid for dtype {meta.dtype}")
-    if meta.compression == Compression.INT8:
+    if meta.compression in _BLOCKWISE:
         if not is_valid_block_size(meta.block_size):
-            raise DecodeError(f"invalid int8 block_size {meta.block_size}")
+            name = Compression(meta.compression).name.lower()
+            raise DecodeError(f"invalid {name} block_size {meta.block_size}")
     elif meta.block_size != 0:
-        raise DecodeError("block_size must be 0 unless compression is INT8")
+        raise DecodeError("block_size must be 0 unless compression is INT8 or INT4")
     if len(meta.shape) > limits.max_ndim:
         raise LimitExceeded(f"tensor has {len(meta.shape)} dims > max_ndim {limits.max_ndim}")
     for d in meta.shape:
@@ -228,9 +237,16 @@ def decode_tensor(meta: TensorMeta, payload: memoryview, limits: Limits = DEFAUL
             flat = _frombuffer(payload, dtype, numel)
     elif meta.compression == Compression.FLOAT16:
         flat = from_float16(_frombuffer(payload, torch.float16, numel), dtype)
-    else:
+    elif meta.compression == Compression.INT8:
         nb = n_blocks(numel, meta.block_size)
         scales = _frombuffer(payload[: 4 * nb], torch.float32, nb)
         q = _frombuffer(payload[4 * nb :], torch.int8, numel)
         flat = dequantize_int8(scales, q, dtype, meta.block_size)
+    else:
+        nb = n_blocks(numel, meta.block_size)
+        if numel % 2 and payload[-1] >> 4:
+            raise DecodeError("int4 padding nibble (the last byte's high half) must be 0")
+        scales = _frombuffer(payload[: 4 * nb], torch.float32, nb)
+        packed = _frombuffer(payload[4 * nb :], torch.uint8, (numel + 1) // 2)
+        flat = dequantize_int4(scales, packed, numel, dtype, meta.block_size)
     return flat.reshape(meta.shape)

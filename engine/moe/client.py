@@ -7,8 +7,10 @@ expert costs, so:
 - inputs go out in ``wire_dtype`` (float16 by default: half of float32), and the host replies in float16;
   an experiment may choose ``wire="int8"`` (:data:`WIRE_FORMATS`): inputs, outputs and both gradients then
   travel as 8-bit blockwise absmax (``engine.wire.compression``), about half of float16's bytes, and the
-  host answers in the format the request asks for. Error feedback does not apply here: every call carries
-  other samples, so there is no residual to carry into the next one;
+  host answers in the format the request asks for; ``wire="int4"`` halves that again (4-bit, 7 levels a
+  side: benchmarks/activation_compression.py measures what it costs the language model). Error feedback
+  does not apply here: every call carries other samples, so there is no residual to carry into the next
+  one;
 - the forward's activation id lets the host keep the inputs, so backward sends only the output gradient;
   only if the host answers ``inputs_evicted`` are the inputs sent again (the copy kept here is the exact
   wire tensor, so the host recomputes exactly what it answered).
@@ -37,7 +39,11 @@ __all__ = ["WIRE_FORMATS", "RemoteExpert", "new_activation_id"]
 
 #: What an experiment may choose for expert calls: the name (sent in each request's ``wire`` field, so the
 #: host replies alike) and how the request's tensors are encoded on top of ``wire_dtype``.
-WIRE_FORMATS: dict[str, Compression] = {"float16": Compression.NONE, "int8": Compression.INT8}
+WIRE_FORMATS: dict[str, Compression] = {
+    "float16": Compression.NONE,
+    "int8": Compression.INT8,
+    "int4": Compression.INT4,
+}
 
 #: Slack for the outer wait in the training thread, over the RPC's own timeout, so the RPC's clearer
 #: error (with the method and the host) wins the race.

@@ -220,14 +220,16 @@ class ExpertServer:
         return backend
 
     def _reply_compression(self, msg: Message) -> Compression:
-        """Replies travel as the request asks (``wire``: float16, the default, or int8); see RemoteExpert.
-        Checked before any compute, so a request with an unknown format costs nothing."""
+        """Replies travel as the request asks (``wire``: float16, the default, int8 or int4); see
+        RemoteExpert. Checked before any compute, so a request with an unknown format costs nothing."""
         wire = msg.fields.get("wire", "float16")
         if wire == "int8":
             return Compression.INT8
+        if wire == "int4":
+            return Compression.INT4
         if wire == "float16":
             return self.reply_compression
-        raise RemoteError("bad_input", f"unknown wire format {str(wire)[:32]!r}; known: float16, int8")
+        raise RemoteError("bad_input", f"unknown wire format {str(wire)[:32]!r}; known: float16, int8, int4")
 
     async def _forward(self, msg: Message, ctx: CallContext) -> Message:
         backend = self._backend(msg)

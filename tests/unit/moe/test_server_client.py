@@ -190,6 +190,33 @@ def test_int8_wire_halves_the_bytes_and_stays_within_its_bound(loop_thread: Loop
     loop_thread.run(server.close(), 10)
 
 
+def test_int4_wire_quarters_float16_bytes_and_stays_within_its_bound(loop_thread: LoopThread) -> None:
+    """``wire="int4"``: the host accepts it and answers 4-bit; the result is the float16 call's within
+    twice the 4-bit step (inputs, then outputs), in under a third of float16's bytes."""
+    spec = ExpertSpec("ffn", 256, hidden=512)
+    server = ExpertServer.create({"ffn.0.1": spec}, device="cpu", backend_options={"seed": 0, "lr": 0.0})
+    handlers = Handlers()
+    server.register(handlers)
+    x, w = torch.randn(32, 256), torch.randn(32, 256)
+    results = {}
+    for wire in ("float16", "int4"):
+        peer = FakePeer(handlers)
+        expert = RemoteExpert(peer, "host", "ffn.0.1", loop=loop_thread, timeout=10, wire=wire)  # type: ignore[arg-type]
+        xi = x.clone().requires_grad_(True)
+        out = expert(xi)
+        (out * w).sum().backward()
+        assert xi.grad is not None
+        results[wire] = (out.detach(), xi.grad, peer.sent_bytes)
+    out16, grad16, sent16 = results["float16"]
+    out4, grad4, sent4 = results["int4"]
+    assert 0 < float((out4 - out16).abs().max()) < 2 * float(out16.abs().max()) / 14
+    assert 0 < float((grad4 - grad16).norm() / grad16.norm()) < 0.3
+    assert sent4 < 0.3 * sent16
+    reply = Message(Kind.REQUEST, 1, "moe.forward", {"uid": "ffn.0.1", "aid": "a", "wire": "int4"})
+    assert server._reply_compression(reply) == Compression.INT4
+    loop_thread.run(server.close(), 10)
+
+
 async def test_unknown_wire_format_is_refused_before_any_compute() -> None:
     server = make_server()
     handlers = Handlers()
@@ -197,10 +224,10 @@ async def test_unknown_wire_format_is_refused_before_any_compute() -> None:
     peer = FakePeer(handlers)
     with pytest.raises(RemoteError) as err:
         await peer.call(
-            "host", "moe.forward", {"uid": "ffn.0.1", "aid": "a", "wire": "int4"}, [torch.randn(2, 8)]
+            "host", "moe.forward", {"uid": "ffn.0.1", "aid": "a", "wire": "int3"}, [torch.randn(2, 8)]
         )
-    assert err.value.code == "bad_input" and "int4" in str(err.value)
+    assert err.value.code == "bad_input" and "int3" in str(err.value)
     assert server.stats()["ffn.0.1"]["forward_requests"] == 0
     with pytest.raises(ValueError, match="unknown wire format"):
-        RemoteExpert(peer, "host", "ffn.0.1", loop=None, wire="int4")  # type: ignore[arg-type]
+        RemoteExpert(peer, "host", "ffn.0.1", loop=None, wire="int3")  # type: ignore[arg-type]
     await server.close()

@@ -15,7 +15,7 @@ for none) a backward must also pass the expert's bounds on bad trainers before i
 size against the recent ones, its sender's share of the recent updates: :mod:`.guard`), and every
 ``probe_every`` steps the expert's outputs on its probe are checked for a jump, which rolls it back to
 its last good state (:mod:`.probe`). Refusals and rollbacks are counted in :class:`BackendStats`
-(``grad_refused``, ``share_refused``, ``rollbacks``).
+(``grad_refused``, ``share_refused``, ``grad_clipped``, ``rollbacks``).
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class BackendStats:
     graphs_refused: int = 0  # forward batches that ran without a graph for want of device memory
     grad_refused: int = 0  # backwards over the bound on recent gradient sizes (guard)
     share_refused: int = 0  # backwards over their trainer's share of recent updates (guard)
+    grad_clipped: int = 0  # backwards whose update was scaled down to the clip bound (guard)
     rollbacks: int = 0  # jumps on the probe, each undone by restoring the last good state (guard)
 
     def as_dict(self) -> dict[str, int]:
@@ -198,12 +199,14 @@ class ExpertBackend:
                 raise self._evicted(activation_id)
             if shape != tuple(grad_outputs.shape):
                 raise BadInput(f"grad_outputs shape {tuple(grad_outputs.shape)} != inputs {tuple(shape)}")
-            if self.guard is not None:
-                await self._admit(peer_id, grad_outputs)
+            scale = await self._admit(peer_id, grad_outputs) if self.guard is not None else 1.0
             grad_inputs: torch.Tensor | None
-            (grad_inputs,) = await self.backward_pool.submit(grad_outputs, inputs, kept)
+            update = grad_outputs if scale == 1.0 else grad_outputs * scale
+            (grad_inputs,) = await self.backward_pool.submit(update, inputs, kept)
             if grad_inputs is None:  # its graph went to a sibling's backward meanwhile, and no inputs
                 raise self._evicted(activation_id)
+            if scale != 1.0:  # clipped for the weights only: the trainer's input gradient is exact
+                grad_inputs = grad_inputs / scale
         except Exception:
             self.stats.errors += 1
             raise
@@ -211,9 +214,10 @@ class ExpertBackend:
         self.stats.backward_samples += int(grad_outputs.shape[0])
         return grad_inputs
 
-    async def _admit(self, peer_id: str, grad_outputs: torch.Tensor) -> None:
-        """The guard's bounds (:mod:`.guard`): the request's size, then its sender's share. Nothing is
-        awaited between the checks and their records, so concurrent requests see each other's."""
+    async def _admit(self, peer_id: str, grad_outputs: torch.Tensor) -> float:
+        """The guard's bounds (:mod:`.guard`): the request's size, then its sender's share; the scale
+        its output gradient takes for the update. Nothing is awaited between the checks and their
+        records, so concurrent requests see each other's."""
         assert self.norms is not None and self.shares is not None
         if grad_outputs.numel() >= THREAD_CHECK_ELEMENTS:
             squared = await asyncio.to_thread(_squared_norm, grad_outputs)
@@ -221,7 +225,7 @@ class ExpertBackend:
             squared = _squared_norm(grad_outputs)
         rows = int(grad_outputs.shape[0])
         try:
-            self.norms.admit(peer_id, row_rms(squared, rows), self.uid)
+            scale = self.norms.admit(peer_id, row_rms(squared, rows), self.uid)
             self.shares.admit(peer_id, rows, self.uid)
         except GradientTooLarge as e:
             self.stats.grad_refused += 1
@@ -231,6 +235,8 @@ class ExpertBackend:
             self.stats.share_refused += 1
             logger.warning("refused a backward from %s: %s", peer_id, e)
             raise
+        self.stats.grad_clipped += scale < 1.0
+        return scale
 
     def _after_step(self) -> None:
         """The probe's check after an optimizer step (worker thread)."""

@@ -9,8 +9,9 @@ Keys (stable; new ones may be added)::
                                  for each: ``<coordinator>/experiments/<name>``)
     requests_served, requests_refused, in_flight
     trainers_refused             the hosted experts' guards (engine.moe.guard), summed: backwards refused
-                                 for their size (grad_too_large) or their sender's share (over_share), and
-                                 rollbacks after a jump on an expert's probe
+                                 for their size (grad_too_large) or their sender's share (over_share),
+                                 those clipped for their size (clipped), and rollbacks after a jump on
+                                 an expert's probe
     bytes_up, bytes_down         over the open links
     transport                    the links' SCTP senders summed: retransmissions, recoveries, RTO expiries,
                                  srtt median and worst, cwnd, controllers (see engine.p2p.ice_stats)
@@ -129,7 +130,12 @@ def lm_experiments(v: StatusSource) -> list[str]:
 
 
 #: An expert's stats (engine.moe.BackendStats) -> the status's name for each guard counter.
-GUARD_COUNTERS = {"grad_refused": "grad_too_large", "share_refused": "over_share", "rollbacks": "rollbacks"}
+GUARD_COUNTERS = {
+    "grad_refused": "grad_too_large",
+    "share_refused": "over_share",
+    "grad_clipped": "clipped",
+    "rollbacks": "rollbacks",
+}
 
 
 def guard_counts(experts: Iterable[Mapping[str, int]]) -> dict[str, int]:

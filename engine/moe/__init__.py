@@ -6,6 +6,8 @@ uses engine.files and dht_finder engine.dht; nothing here imports Qt, app/ or co
     errors.py        the exception tree below
     stage.py         StageExpert: depth causal transformer blocks over [batch, seq, d] (a sample is one
                      sequence); its parameters, FLOPs and activation bytes as pure functions
+    low_rank.py      LowRankExpert / LowRankBoundary: a d -> r -> d bottleneck at the expert boundary, so
+                     calls carry r numbers a token (ExpertSpec.wire_rank)
     registry.py      ExpertSpec + built-in architectures (ffn, transformer, stage): the only code a host runs
     stage_fit.py     the memory a stage plans for; the deepest stage a budget holds; the host's refusal
     checkpoint.py    safetensors checkpoints, written atomically, newest valid one loaded
@@ -86,6 +88,7 @@ from .errors import (
 from .guard import GuardConfig
 from .local import LocalMixtureOfExperts
 from .loop_thread import LoopThread
+from .low_rank import LowRankBoundary, LowRankExpert
 from .mixture import ExpertFinder, RemoteMixtureOfExperts, StaticExpertFinder
 from .registry import ARCHITECTURES, Architecture, ExpertSpec, build, input_shape, register
 from .server import UID_PATTERN, ExpertServer
@@ -115,6 +118,8 @@ __all__ = [
     "InputsEvicted",
     "LocalMixtureOfExperts",
     "LoopThread",
+    "LowRankBoundary",
+    "LowRankExpert",
     "MoEError",
     "NotEnoughExperts",
     "OverShare",

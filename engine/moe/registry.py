@@ -9,6 +9,10 @@ the same shape, so a trainer can treat experts as interchangeable residual block
 architecture with a depth. ``depth`` is 0 for every other one and is then left out of the spec's fields,
 so the fields of an ``ffn`` or ``transformer`` spec (checkpoint metadata, ``moe.info``) are unchanged.
 
+``wire_rank`` r (0: off, the default) puts any architecture behind a low-rank boundary
+(:mod:`.low_rank`): the expert takes and returns rows of r numbers, lifting them to ``dim`` inside, so
+the wire carries r per token. Like ``depth`` it is left out of the fields when 0.
+
 Dropout is deliberately absent: a host recomputes the forward pass for a backward whose graph it could
 not keep (:mod:`.graphs`), and that recomputation must be exactly the function the trainer saw.
 """
@@ -24,6 +28,7 @@ import torch
 from torch import nn
 
 from .errors import SpecError
+from .low_rank import LowRankExpert
 from .stage import StageExpert
 
 __all__ = [
@@ -50,7 +55,9 @@ class ExpertSpec:
 
     ``dim`` is the model width (input and output features); ``hidden`` the FFN width (``4 * dim`` when 0);
     ``heads`` the attention heads of ``transformer`` and ``stage``; ``seq_len`` a fixed sequence length,
-    or 0 for any; ``depth`` a ``stage``'s blocks (at least 1 there, 0 for every other architecture).
+    or 0 for any; ``depth`` a ``stage``'s blocks (at least 1 there, 0 for every other architecture);
+    ``wire_rank`` the width of the expert's input and output rows when it sits behind a low-rank
+    boundary (1 to ``dim``), 0 for none.
     """
 
     arch: str
@@ -59,6 +66,7 @@ class ExpertSpec:
     heads: int = 1
     seq_len: int = 0
     depth: int = 0
+    wire_rank: int = 0
 
     def __post_init__(self) -> None:
         if self.arch not in ARCHITECTURES:
@@ -78,13 +86,17 @@ class ExpertSpec:
                 raise SpecError(f"a {self.arch} needs a depth in [1, {MAX_DEPTH}], got {self.depth}")
         elif self.depth:
             raise SpecError(f"a {self.arch} expert has no depth (got {self.depth}); only stages do")
+        rank = self.wire_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= self.dim:
+            raise SpecError(f"wire_rank must be an int in [0, dim={self.dim}] (0: none), got {rank!r}")
 
     @property
     def hidden_size(self) -> int:
         return self.hidden or 4 * self.dim
 
     def to_fields(self) -> dict[str, str | int]:
-        """The spec as flat message fields (and checkpoint metadata); ``depth`` only where it is set."""
+        """The spec as flat message fields (and checkpoint metadata); ``depth`` and ``wire_rank`` only
+        where they are set."""
         fields: dict[str, str | int] = {
             "arch": self.arch,
             "dim": self.dim,
@@ -94,6 +106,8 @@ class ExpertSpec:
         }
         if self.depth:
             fields["depth"] = self.depth
+        if self.wire_rank:
+            fields["wire_rank"] = self.wire_rank
         return fields
 
     @classmethod
@@ -107,6 +121,7 @@ class ExpertSpec:
                 heads=_typed(fields, "heads", int),
                 seq_len=_typed(fields, "seq_len", int),
                 depth=_typed(fields, "depth", int) if "depth" in fields else 0,
+                wire_rank=_typed(fields, "wire_rank", int) if "wire_rank" in fields else 0,
             )
         except KeyError as e:
             raise SpecError(f"spec lacks field {e}") from None
@@ -172,13 +187,16 @@ def register(name: str, arch: Architecture) -> None:
 
 
 def build(spec: ExpertSpec) -> nn.Module:
-    """A freshly initialised expert on the CPU, in float32."""
-    return ARCHITECTURES[spec.arch].build(spec)
+    """A freshly initialised expert on the CPU, in float32 (behind its low-rank boundary if it has one)."""
+    inner = ARCHITECTURES[spec.arch].build(spec)
+    return LowRankExpert(inner, spec.dim, spec.wire_rank) if spec.wire_rank else inner
 
 
 def input_shape(spec: ExpertSpec) -> tuple[int | None, ...]:
-    """Trailing input dims (batch excluded); outputs have the same shape."""
-    return ARCHITECTURES[spec.arch].input_shape(spec)
+    """Trailing input dims (batch excluded); outputs have the same shape. The last is ``wire_rank``
+    for an expert behind a low-rank boundary."""
+    shape = ARCHITECTURES[spec.arch].input_shape(spec)
+    return (*shape[:-1], spec.wire_rank) if spec.wire_rank else shape
 
 
 def sample_nbytes(spec: ExpertSpec, seq_len: int = 1) -> int:

@@ -229,7 +229,7 @@ static PyMethodDef module_methods[] = {
      "the caller to send. Stops where Python's loop would flush the next messages (flush True)."},
     {"ack_cumulative", rl_ack_cumulative, METH_VARARGS,
      "ack_cumulative(transport, cumulative_tsn) -> (newly_acked, newest)\n\n"
-     "The sender's loop over the chunks a SACK's cumulative TSN covers (sctp_sender._receive_sack_chunk):\n"
+     "The sender's loop over the chunks a SACK's cumulative TSN covers (sctp_sack.receive_sack_chunk):\n"
      "popped, counted delivered, out of the flight; newest is the latest sent of those newly acked."},
     {"packet", rl_packet, METH_VARARGS,
      "packet(src_port, dst_port, vtag, chunk) -> bytes\n\nThe unsealed packet send_packet sends."},

@@ -2,9 +2,9 @@
 
 Layers: :mod:`.registry` lists every replaced (or relied-upon) function with its source hash;
 :mod:`.sctp_guard` (a packet parser that checks every length, and a link whose failure stays its own),
-:mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with its timers in
-:mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`, the limits all three read in
-:mod:`.sctp_constants`), :mod:`.dtls` (records and datagrams,
+:mod:`.hosts`, :mod:`.ice`, :mod:`.sctp_receiver`, :mod:`.sctp_sender` (with what a SACK tells it in
+:mod:`.sctp_sack`, its timers in :mod:`.sctp_timers`, its per-chunk loops in :mod:`.sctp_loops`, the
+limits all four read in :mod:`.sctp_constants`), :mod:`.dtls` (records and datagrams,
 below SCTP) and :mod:`.compiled_sctp` (SCTP packets on a link whose records are compiled) hold the
 replacements; :mod:`.congestion` holds the pure congestion controllers the sender drives;
 :mod:`.ack_frequency` is the SDP agreement on how often a receiver SACKs (a connection calls it around

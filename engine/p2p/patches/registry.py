@@ -21,7 +21,18 @@ from typing import Any
 import aioice
 import aiortc
 
-from . import compiled_sctp, dtls, handshake, hosts, ice, sctp_guard, sctp_receiver, sctp_sender, sctp_timers
+from . import (
+    compiled_sctp,
+    dtls,
+    handshake,
+    hosts,
+    ice,
+    sctp_guard,
+    sctp_receiver,
+    sctp_sack,
+    sctp_sender,
+    sctp_timers,
+)
 
 PINNED = {"aiortc": "1.16.0", "aioice": "0.13.0"}
 # written against PINNED; "hosts" and "guard" only need their hashes to match (the guard's replacements
@@ -173,7 +184,7 @@ PATCHES: tuple[Patch, ...] = (
         _T + "_receive_sack_chunk",
         "4b35ccf1372cdec8705f378a04de43d9c4ad5675afae09781eddd69ecdb473b1",
         "sctp",
-        _S._receive_sack_chunk,
+        sctp_sack.receive_sack_chunk,
     ),
     Patch(
         _T + "_transmit",

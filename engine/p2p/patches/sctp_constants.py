@@ -1,5 +1,5 @@
-"""The SCTP sender's limits, in one module that its parts (:mod:`.sctp_sender`, :mod:`.sctp_timers`,
-:mod:`.handshake`) read at call time, so a test may change one for all of them.
+"""The SCTP sender's limits, in one module that its parts (:mod:`.sctp_sender`, :mod:`.sctp_sack`,
+:mod:`.sctp_timers`, :mod:`.handshake`) read at call time, so a test may change one for all of them.
 
 Where a value departs from RFC 9260 it follows Chromium's dcSCTP and says so: a 0.3 s minimum RTO
 (RFC 9260 section 16 recommends 1 s) because a home link's round trip is tens of milliseconds and a lost

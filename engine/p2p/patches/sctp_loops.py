@@ -1,7 +1,7 @@
 """The SCTP sender's per-chunk loops, as pure bookkeeping on aiortc's objects (no I/O, no awaits).
 
 :func:`take_new_chunks` is :mod:`.sctp_sender`'s ``_transmit`` loop over new chunks and
-:func:`ack_cumulative` its ``_receive_sack_chunk`` loop over the chunks a cumulative ack covers. They
+:func:`ack_cumulative` the loop of :mod:`.sctp_sack` over the chunks a cumulative ack covers. They
 run once per DATA chunk, so each has a C twin with the same contract in the compiled extension
 (``engine/p2p/native/sctp_send.c``), which the sender uses where it loaded. These Python versions are
 the fallback and the oracle: tests give both the same states and compare every field they touch.

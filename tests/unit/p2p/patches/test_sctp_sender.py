@@ -14,7 +14,7 @@ import pytest
 from aiortc import rtcsctptransport as sctp
 
 from engine.p2p import patches
-from engine.p2p.patches import sctp_constants, sctp_sender, sctp_timers
+from engine.p2p.patches import sctp_constants, sctp_sack, sctp_sender, sctp_timers
 from tests.unit.p2p.sctp_fakes import FakeDtls, StockTransport, data_tsns, retransmitted, run_pair
 
 MTU = sctp.USERDATA_MAX_LENGTH
@@ -218,7 +218,7 @@ async def test_forged_cumulative_ack_is_ignored_and_logged(caplog: pytest.LogCap
     t, _dtls = _sender()
     await t._send(1, 53, b"x" * (MTU * 10))
     before = (len(t._sent_queue), t._flight_size, t._last_sacked_tsn)
-    with caplog.at_level(logging.WARNING, logger=sctp_sender.__name__):
+    with caplog.at_level(logging.WARNING, logger=sctp_sack.__name__):
         await t._receive_sack_chunk(_sack(FIRST + 500))
     assert (len(t._sent_queue), t._flight_size, t._last_sacked_tsn) == before
     assert patches.transport_stats(t)["forged_acks"] == 1

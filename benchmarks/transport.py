@@ -24,6 +24,9 @@ min, max and spread ((max-min)/median) per case, plus the 1-minute load average 
 round. (e) slow reader, once: (b) to a receiver that consumes one message at a time and sleeps,
 sampling what the sender holds (channel bufferedAmount plus SCTP's queues) every 5 ms.
 
+The baselines' processes ((a) and (d)) and the measuring of every pair are
+``benchmarks/transport_baselines.py``; the project's processes and the report are here.
+
     .venv/bin/python benchmarks/transport.py --quick --repeat 1   # 32 MiB per case, about a minute
     .venv/bin/python benchmarks/transport.py                      # 128 MiB per case, 3 rounds
 """
@@ -42,99 +45,21 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-import psutil
+from transport_baselines import (  # benchmarks/ is this script's folder, first on sys.path
+    MIB,
+    RAW_MSG,
+    install_patches,
+    measure_pair,
+    per_mib,
+    pin_loopback,
+    run_stock,
+    run_tcp,
+)
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-MIB = 1 << 20
 TENSOR_ELEMS = 1 << 20  # 4 MiB of float32 per call
 IN_FLIGHT = 4
-RAW_MSG = 64 << 10  # raw channel rows: 64 KiB messages, watermarks at 8 (pause) and 4 (resume) messages
-
-
-def _pin() -> None:
-    """Host candidates on 127.0.0.1 only."""
-    from engine.p2p.patches import pin_host_addresses
-
-    pin_host_addresses(["127.0.0.1"])
-
-
-def _install_patches() -> None:
-    """The project's aiortc/aioice patches, exactly as a node installs them."""
-    from engine.p2p import patches
-
-    patches.install(strict=True)
-
-
-# -- (a) stock aiortc, and the like-for-like raw channel rows ---------------------------------------
-
-
-async def _stock_side(role: str, sdp: Connection, ctl: Connection, total: int, msg: int) -> None:
-    from aiortc import RTCConfiguration, RTCPeerConnection, RTCSessionDescription
-
-    from engine.p2p.patches import advertise_sack_frequency, agree_sack_frequency  # no-ops when stock
-
-    pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
-    done = asyncio.Event()
-    opened = asyncio.Event()
-    if role == "send":
-        dc = pc.createDataChannel("bench")
-        dc.on("open", opened.set)
-        await pc.setLocalDescription(await pc.createOffer())
-        offer = advertise_sack_frequency(pc.localDescription.sdp)  # as a node's link does
-        sdp.send(offer)
-        answer = await asyncio.get_running_loop().run_in_executor(None, sdp.recv)
-        await pc.setRemoteDescription(RTCSessionDescription(answer, "answer"))
-        agree_sack_frequency(pc.sctp, offer, answer)
-        await asyncio.wait_for(opened.wait(), 30)
-        ctl.send("ready")
-        await asyncio.get_running_loop().run_in_executor(None, ctl.recv)
-        payload = os.urandom(msg)
-        low = asyncio.Event()
-        dc.bufferedAmountLowThreshold = 4 * msg
-        dc.on("bufferedamountlow", low.set)
-        sent = 0
-        while sent < total:
-            if dc.bufferedAmount > 8 * msg:
-                low.clear()
-                await asyncio.wait_for(low.wait(), 60)
-            dc.send(payload)
-            sent += msg
-        await asyncio.get_running_loop().run_in_executor(None, ctl.recv)  # receiver finished
-    else:
-        got = 0
-
-        @pc.on("datachannel")  # type: ignore[misc]
-        def on_channel(channel: Any) -> None:
-            @channel.on("message")  # type: ignore[misc]
-            def on_message(data: bytes) -> None:
-                nonlocal got
-                got += len(data)
-                if got >= total:
-                    done.set()
-
-        offer = await asyncio.get_running_loop().run_in_executor(None, sdp.recv)
-        await pc.setRemoteDescription(RTCSessionDescription(offer, "offer"))
-        await pc.setLocalDescription(await pc.createAnswer())
-        answer = advertise_sack_frequency(pc.localDescription.sdp)
-        agree_sack_frequency(pc.sctp, answer, offer)
-        sdp.send(answer)
-        await asyncio.wait_for(done.wait(), 600)
-        ctl.send("done")
-    await pc.close()
-
-
-def _stock_main(
-    role: str, sdp: Connection, ctl: Connection, total: int, msg: int, patched: bool, uv: bool
-) -> None:
-    """One side of a raw data channel; ``patched``/``uv`` switch the project's patches and loop on."""
-    from engine.p2p import eventloop
-
-    _pin()
-    if patched:
-        _install_patches()
-    main = _stock_side(role, sdp, ctl, total, msg)
-    eventloop.run(main) if uv else asyncio.run(main)
 
 
 # -- (b, c, e) the project's RPC --------------------------------------------------------------------
@@ -148,8 +73,8 @@ def _project_main(role: str, ctl: Connection, url: str, args: dict[str, Any]) ->
     # Codec work is small next to the transport's; one intra-op thread keeps OpenMP's spinning
     # workers from competing with the event loop for this machine's two cores.
     torch.set_num_threads(1)
-    _pin()
-    _install_patches()
+    pin_loopback()
+    install_patches()
     eventloop.run(_project_side(role, ctl, url, args))
 
 
@@ -236,124 +161,6 @@ async def _project_side(role: str, ctl: Connection, url: str, args: dict[str, An
     await peer.stop()
 
 
-# -- (d) TCP ----------------------------------------------------------------------------------------
-
-
-def _tcp_main(role: str, ctl: Connection, total: int, msg: int) -> None:
-    asyncio.run(_tcp_side(role, ctl, total, msg))
-
-
-async def _tcp_side(role: str, ctl: Connection, total: int, msg: int) -> None:
-    loop = asyncio.get_running_loop()
-    if role == "recv":
-        done = asyncio.Event()
-
-        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            got = 0
-            while got < total:
-                chunk = await reader.read(1 << 20)
-                if not chunk:
-                    break
-                got += len(chunk)
-            done.set()
-            writer.close()
-
-        server = await asyncio.start_server(serve, "127.0.0.1", 0)
-        ctl.send(server.sockets[0].getsockname()[1])
-        await asyncio.wait_for(done.wait(), 600)
-        ctl.send("done")
-        server.close()
-    else:
-        port = await loop.run_in_executor(None, ctl.recv)
-        _reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        ctl.send("ready")
-        await loop.run_in_executor(None, ctl.recv)
-        payload = os.urandom(msg)
-        for _ in range(total // msg):
-            writer.write(payload)
-            await writer.drain()
-        await loop.run_in_executor(None, ctl.recv)
-        writer.close()
-
-
-# -- the parent -------------------------------------------------------------------------------------
-
-
-def _cpu(*procs: mp.process.BaseProcess) -> float:
-    total = 0.0
-    for p in procs:
-        t = psutil.Process(p.pid).cpu_times()
-        total += t.user + t.system
-    return total
-
-
-def _measure_pair(
-    sender: mp.process.BaseProcess, receiver: mp.process.BaseProcess, s_ctl: Connection, wait_end: Any
-) -> tuple[float, tuple[float, float], Any]:
-    """Elapsed seconds, (sender, receiver) CPU seconds, and what ``wait_end`` returned."""
-    assert s_ctl.poll(120), "sender never became ready"
-    assert s_ctl.recv() == "ready"
-    cpu0 = _cpu(sender), _cpu(receiver)
-    t0 = time.perf_counter()
-    s_ctl.send("go")
-    result = wait_end()
-    elapsed = time.perf_counter() - t0
-    return elapsed, (_cpu(sender) - cpu0[0], _cpu(receiver) - cpu0[1]), result
-
-
-def _per_mib(cpu: tuple[float, float], nbytes: int) -> dict[str, float]:
-    mib = nbytes / MIB
-    return {
-        "cpu_ms_per_MiB": sum(cpu) * 1000 / mib,
-        "sender_cpu_ms_per_MiB": cpu[0] * 1000 / mib,
-        "receiver_cpu_ms_per_MiB": cpu[1] * 1000 / mib,
-    }
-
-
-def run_stock(ctx: Any, total: int, patched: bool = False, uv: bool = False) -> dict[str, float]:
-    sdp_a, sdp_b = ctx.Pipe()
-    s_ctl, s_child = ctx.Pipe()
-    r_ctl, r_child = ctx.Pipe()
-    msg = RAW_MSG
-    sender = ctx.Process(target=_stock_main, args=("send", sdp_a, s_child, total, msg, patched, uv))
-    receiver = ctx.Process(target=_stock_main, args=("recv", sdp_b, r_child, total, msg, patched, uv))
-    receiver.start()
-    sender.start()
-
-    def end() -> None:
-        assert r_ctl.poll(600), "stock receiver timed out"
-        r_ctl.recv()
-        s_ctl.send("finished")
-
-    elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
-    sender.join(60)
-    receiver.join(60)
-    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
-
-
-def run_tcp(ctx: Any, total: int) -> dict[str, float]:
-    s_ctl, s_child = ctx.Pipe()
-    r_ctl, r_child = ctx.Pipe()
-    msg = 64 << 10
-    receiver = ctx.Process(target=_tcp_main, args=("recv", r_child, total, msg))
-    sender = ctx.Process(target=_tcp_main, args=("send", s_child, total, msg))
-    receiver.start()
-    assert r_ctl.poll(60)
-    port = r_ctl.recv()
-    sender.start()
-    s_ctl.send(port)
-
-    def end() -> None:
-        assert r_ctl.poll(600)
-        r_ctl.recv()
-        s_ctl.send("finished")
-
-    elapsed, cpu, _ = _measure_pair(sender, receiver, s_ctl, end)
-    sender.join(60)
-    receiver.join(60)
-    return {"MBps": total / elapsed / 1e6, **_per_mib(cpu, total)}
-
-
 def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
     s_ctl, s_child = ctx.Pipe()
     r_ctl, r_child = ctx.Pipe()
@@ -369,14 +176,14 @@ def run_project(ctx: Any, url: str, args: dict[str, Any]) -> dict[str, float]:
         assert s_ctl.poll(1800), "project transfer timed out"
         return s_ctl.recv()
 
-    _, cpu, result = _measure_pair(sender, receiver, s_ctl, end)
+    _, cpu, result = measure_pair(sender, receiver, s_ctl, end)
     r_ctl.send("stop")
     sender.join(60)
     receiver.join(60)
     elapsed = result["elapsed"]
     return {
         "MBps": result["bytes"] / elapsed / 1e6,
-        **_per_mib(cpu, result["bytes"]),
+        **per_mib(cpu, result["bytes"]),
         "wire_MiB": result["wire_bytes"] / MIB,
         "connect_ms": result["connect_ms"],
         "rtt_us_p50": result["rtt_us_p50"],

@@ -1,10 +1,10 @@
 """Data channels across an emulated home link: ours vs stock aiortc vs TCP CUBIC vs TCP BBR (root).
 
-Path: namespaces ``a`` - ``r`` - ``b``; the router ``r`` adds half the RTT each way (NFQUEUE to
-``tests.nat.delay``: this kernel has no netem), drops packets at random in both directions (iptables
-``statistic``; the counter of the a->b rule gives the data packets lost), and for the bottleneck cases
-shapes r->b with ``tbf`` (4 MB/s by default, see :data:`BOTTLENECK_MBPS`; about one BDP of buffer).
-Offloads are off, so every packet is MTU-sized.
+Path (``benchmarks/wan_path.py``): namespaces ``a`` - ``r`` - ``b``; the router ``r`` adds half the RTT
+each way (NFQUEUE to ``tests.nat.delay``: this kernel has no netem), drops packets at random in both
+directions (iptables ``statistic``; the counter of the a->b rule gives the data packets lost), and for the
+bottleneck cases shapes r->b with ``tbf`` (4 MB/s by default, see :data:`BOTTLENECK_MBPS`; about one BDP
+of buffer). Offloads are off, so every packet is MTU-sized.
 
 Cases, interleaved per repetition: for each loss rate, ours with each controller, stock aiortc (both
 ends), TCP with ``TCP_CONGESTION`` cubic and bbr; then, without random loss, ours alone through the
@@ -27,21 +27,18 @@ process uses little CPU yet is limited by it). The last line printed is one JSON
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from tests.nat.topology import PYTHON, Proc, no_offloads, sh
+from benchmarks.wan_path import A_IP, B_IP, Path3
+from tests.nat.topology import PYTHON, Proc
 
-A_IP, R_A, R_B, B_IP = "10.77.1.1", "10.77.1.2", "10.77.2.1", "10.77.2.2"
 CONTROLLERS = ("bbr", "cubic")
 DEFAULT_CC = "bbr"
 # The bottleneck's rate. Not the issue's 8 MB/s: one aiortc flow through the delayer costs this 2-core box
@@ -60,108 +57,6 @@ SHARE_SETTLE_S = 5.0
 SHARED_S = 60.0
 SHARED_QUICK_S = 25.0
 JOIN_LEAD_S = 2.0
-
-
-class Path3:
-    """Three namespaces in a line; the router in the middle delays, drops and shapes."""
-
-    def __init__(self, rtt_ms: float) -> None:
-        tag = f"lahwan{os.getpid()}"
-        self.a, self.r, self.b = f"{tag}-a", f"{tag}-r", f"{tag}-b"
-        self.log_dir = Path(tempfile.mkdtemp(prefix="lah-wan-"))
-        self.loss_rules: list[list[str]] = []
-        for ns in (self.a, self.r, self.b):
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "set", "lo", "up", ns=ns)
-        sh("ip", "-n", self.a, "link", "add", "a0", "type", "veth", "peer", "name", "r0", "netns", self.r)
-        sh("ip", "-n", self.r, "link", "add", "r1", "type", "veth", "peer", "name", "b0", "netns", self.b)
-        for ns, dev, addr in (
-            (self.a, "a0", A_IP),
-            (self.r, "r0", R_A),
-            (self.r, "r1", R_B),
-            (self.b, "b0", B_IP),
-        ):
-            sh("ip", "addr", "add", f"{addr}/24", "dev", dev, ns=ns)
-            sh("ip", "link", "set", dev, "up", ns=ns)
-            no_offloads(ns, dev)
-        sh("ip", "route", "add", "default", "via", R_A, ns=self.a)
-        sh("ip", "route", "add", "default", "via", R_B, ns=self.b)
-        sh("sysctl", "-qw", "net.ipv4.ip_forward=1", ns=self.r)
-        self.delay = Proc(
-            "delay",
-            self.r,
-            [PYTHON, "-m", "tests.nat.delay", "--queue", "5", "--ms", str(rtt_ms / 2)],
-            self.log_dir,
-        )
-        self.delay.event(timeout=20)
-        sh("iptables", "-w", "-t", "mangle", "-A", "FORWARD", "-j", "NFQUEUE", "--queue-num", "5", ns=self.r)
-
-    def set_loss(self, p: float) -> None:
-        for rule in self.loss_rules:
-            sh("iptables", "-w", "-t", "mangle", "-D", "FORWARD", *rule, ns=self.r)
-        self.loss_rules = []
-        if p > 0:
-            for dev in ("r0", "r1"):  # r0: data a->b, r1: acknowledgements b->a
-                rule = [
-                    "-i",
-                    dev,
-                    "-m",
-                    "statistic",
-                    "--mode",
-                    "random",
-                    "--probability",
-                    str(p),
-                    "-j",
-                    "DROP",
-                ]
-                sh("iptables", "-w", "-t", "mangle", "-I", "FORWARD", "1", *rule, ns=self.r)
-                self.loss_rules.append(rule)
-
-    def data_drops(self) -> dict[str, int]:
-        """Packets a->b lost so far, by where: ``random`` (the loss rule), ``delayer`` (its netlink queue
-        overflowing: the delayer is a Python process and a CPU-starved one drops packets no home link
-        would), ``bottleneck`` (a full ``tbf`` buffer) and ``rcvbuf`` (datagrams the receiving
-        namespace's UDP sockets dropped: a CPU-starved receiver)."""
-        drops = {"random": 0, "delayer": 0, "bottleneck": 0, "rcvbuf": 0}
-        out = sh("iptables", "-w", "-t", "mangle", "-L", "FORWARD", "-v", "-x", "-n", ns=self.r)
-        for line in out.splitlines():
-            f = line.split()
-            if len(f) > 5 and f[2] == "DROP" and f[5] == "r0":
-                drops["random"] += int(f[0])
-        for line in sh("cat", "/proc/net/netfilter/nfnetlink_queue", ns=self.r, check=False).splitlines():
-            f = line.split()
-            drops["delayer"] += int(f[5]) + int(f[6]) if len(f) > 6 else 0  # both directions: an upper bound
-        udp = [
-            line.split()
-            for line in sh("cat", "/proc/net/snmp", ns=self.b).splitlines()
-            if line.startswith("Udp:")
-        ]
-        drops["rcvbuf"] = int(udp[1][udp[0].index("RcvbufErrors")])
-        stats = sh("tc", "-s", "qdisc", "show", "dev", "r1", ns=self.r, check=False).split()
-        for k, word in enumerate(stats[:-1]):
-            if word == "(dropped":
-                drops["bottleneck"] += int(stats[k + 1].rstrip(","))
-        return drops
-
-    @contextlib.contextmanager
-    def bottleneck(self, mbytes_per_s: float, buffer_bytes: int) -> Iterator[None]:
-        rate = f"{int(mbytes_per_s * 8000)}kbit"
-        sh("tc", "qdisc", "add", "dev", "r1", "root", "tbf", "rate", rate, "burst", "32kb",
-           "limit", str(buffer_bytes), ns=self.r)  # fmt: skip
-        try:
-            yield
-        finally:
-            sh("tc", "qdisc", "del", "dev", "r1", "root", ns=self.r, check=False)
-
-    def close(self) -> None:
-        with contextlib.suppress(Exception):
-            self.delay.stop()
-        for ns in (self.a, self.r, self.b):
-            for pid in sh("ip", "netns", "pids", ns, check=False).split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), 9)
-            sh("ip", "netns", "del", ns, check=False)
-        shutil.rmtree(self.log_dir, ignore_errors=True)
 
 
 def _peer(path: Path3, name: str, ns: str, role: str, host: str, duration: float, **extra: Any) -> Proc:

@@ -234,6 +234,7 @@ def train_language_model(
         raise LmTrainError(f"cannot write metrics in {folder}: {e}") from e
     board = _tensorboard(folder / "tensorboard")
     node.hold_steps = True  # a step's receipts wait until its loss and gradients prove finite
+    node.expert_spec = lm.expert_spec  # what spot checks recompute hosts' answers with
     poster = ProgressPoster(node.api, node.token, loop, experiment.name)
     last = None
     try:

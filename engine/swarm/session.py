@@ -34,7 +34,7 @@ from engine.account.errors import CoordinatorError, CoordinatorUnreachable
 from engine.account.tokens import Credentials
 from engine.account.trainer_tokens import TrainerCredentials, default_trainer_dir
 from engine.dht import DHTError
-from engine.moe import LoopThread
+from engine.moe import ExpertSpec, LoopThread
 from engine.node.errors import AlreadyRunning
 from engine.node.lock import InstanceLock
 from engine.p2p import Identity
@@ -137,6 +137,8 @@ class Swarm:
                 credentials=credentials,
                 on_credentials=lambda c: _keep(store, url, c),  # the old token is revoked by then
             )
+            grid = next(iter(spec.grids.values()))  # spot checks recompute answers with its spec
+            node.expert_spec = ExpertSpec(grid.expert_type, grid.dim, grid.hidden)
             try:
                 loop.run(node.start(), 60)
             except (TimeoutError, RuntimeError, P2PError, DHTError, CoordinatorUnreachable) as e:

@@ -28,7 +28,7 @@ class SwarmStats:
     receipts_credited: int = 0
     receipts_rejected: int = 0
     receipts_dropped: int = 0  # never delivered (the coordinator away too long, a full queue)
-    spot_checks: int = 0  # answers re-computed by a second host and compared
+    spot_checks: int = 0  # answers recomputed from their host's own state and compared
     spot_mismatches: int = 0
     spot_reports: int = 0  # mismatches reported to the coordinator
     collab_steps: int = 0  # collaborative steps this trainer took part in

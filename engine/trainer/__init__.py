@@ -4,7 +4,8 @@
 
     model.py             digits data (sklearn, bundled), DigitsDMoE (LocalMixtureOfExperts from engine.moe)
     receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
-    spot_check.py        SpotChecker: a random fraction of forwards re-sent to another host, compared
+    spot_check.py        SpotChecker: a random fraction of forwards recomputed from the answering host's own
+                         state at the version it stated (moe.state), compared row by row
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator
     trainer.py           TrainerConfig, Trainer (training loop, tqdm, accuracy), the remote and local models,
                          StepNotFinite (a step whose loss or gradients are not finite stops the run)

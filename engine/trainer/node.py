@@ -32,9 +32,11 @@ from engine.account.tokens import Credentials
 from engine.collab import CollabConfig, CollaborativeOptimizer, MatchmakingConfig
 from engine.dht import DHTError, DHTNode
 from engine.dht.p2p_transport import PeerTransport
-from engine.moe import LoopThread, RemoteExpert
+from engine.moe import ExpertSpec, LoopThread
 from engine.moe.dht_finder import DHTExpertFinder
+from engine.moe.gather import fetch_state
 from engine.moe.layer_calls import CallRecord
+from engine.moe.weights import ExpertState
 from engine.p2p import Identity, LinkConfig, Peer
 
 from .collab_status import CollabStatusReporter
@@ -83,6 +85,9 @@ class TrainerNode:
         self.status: CollabStatusReporter | None = None
         self.stats = TrainStats()
         self.hold_steps = False
+        #: What the experiment's experts are (the digits grid's ffn; ``lah train`` sets a language
+        #: model's): spot checks recompute hosts' answers with it.
+        self.expert_spec = ExpertSpec("ffn", self.config.dim, self.config.hidden)
         self._held: list[Work] = []  # this step's work, until settled (on the loop)
 
     async def start(self) -> None:
@@ -109,7 +114,7 @@ class TrainerNode:
                 raise RuntimeError(f"the trainer could not join the DHT: {e}") from e
         self.finder = DHTExpertFinder(self.dht, coordinator_key=joined.coordinator_key or None)
         self.spot = SpotChecker(
-            self.finder.hosts_of, self._forward_on, self._report, fraction=self.config.spot_check_fraction
+            self._state_on, self.spec_of, self._report, fraction=self.config.spot_check_fraction
         )
         self.receipts.start()
 
@@ -208,12 +213,14 @@ class TrainerNode:
         else:
             self.receipts.stats.withheld += len(held)
 
-    async def _forward_on(self, host: str, uid: str, inputs: torch.Tensor) -> torch.Tensor:
+    def spec_of(self, uid: str) -> ExpertSpec | None:
+        """The spec of this trainer's experts, every one of which it calls (spot checks recompute
+        with it)."""
+        return self.expert_spec
+
+    async def _state_on(self, host: str, uid: str) -> ExpertState:
         assert self.peer is not None
-        expert = RemoteExpert(
-            self.peer, host, uid, loop=self.loop, timeout=self.config.timeout, wire=self.config.wire
-        )
-        return await expert.call_forward(f"spot{time.monotonic_ns():x}"[-16:], inputs)
+        return await fetch_state(self.peer, host, uid, self.expert_spec, timeout=self.config.timeout)
 
     async def _report(self, host: str, uid: str, start: float, end: float, reason: str) -> None:
         report = sign_spot_check(self.identity, host, uid, start, end, reason)

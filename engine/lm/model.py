@@ -12,6 +12,12 @@ Experts are residual (``x + FFN(norm(x))``, :class:`~engine.moe.registry.FeedFor
 mixture's output already holds the residual stream; the dense blocks use the same module with a hidden
 width of ``4 * dim``. A mixture of ``k_best`` experts of hidden width ``4 * dim / k_best`` then spends the
 same FLOPs per token as a dense block (:meth:`LmConfig.dense_twin` builds that comparison).
+
+``wire_rank`` r (0, the default: off) puts each mixture behind a low-rank boundary
+(:class:`~engine.moe.LowRankBoundary`): the block sends ``down(x)``, r numbers a token, to a mixture over
+``[tokens, r]`` whose experts lift it to ``dim`` and project their answer back (``ExpertSpec.wire_rank``),
+and adds ``up`` of the mixture's answer to the residual stream, so the wire carries r numbers a token
+each way instead of ``dim`` (benchmarks/activation_compression.py measures what it costs).
 """
 
 from __future__ import annotations
@@ -24,13 +30,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from engine.moe.low_rank import LowRankBoundary
 from engine.moe.registry import ExpertSpec, FeedForwardExpert
 
 from .errors import ConfigError
 
 __all__ = ["LanguageModel", "LmConfig", "grid_name"]
 
-#: Builds the feed-forward part of block ``i`` (one of ``moe_blocks``): ``[tokens, dim] -> [tokens, dim]``.
+#: Builds the feed-forward part of block ``i`` (one of ``moe_blocks``): ``[tokens, w] -> [tokens, w]`` with
+#: ``w`` the config's ``mixture_width`` (``dim``, or ``wire_rank`` behind a low-rank boundary).
 MixtureFactory = Callable[[int], nn.Module]
 
 
@@ -51,6 +59,7 @@ class LmConfig:
     grid: tuple[int, ...] = field(default=(16, 16))
     k_best: int = 4
     expert_hidden: int = 0  # 0: 4 * dim / k_best, the dense block's FLOPs per token
+    wire_rank: int = 0  # 0: experts take rows of dim; r: a low-rank boundary, rows of r on the wire
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "context", "layers", "heads", "dim", "k_best"):
@@ -59,6 +68,9 @@ class LmConfig:
                 raise ConfigError(f"{name} must be a positive int, not {value!r}")
         if self.dim % self.heads:
             raise ConfigError(f"dim {self.dim} is not divisible by heads {self.heads}")
+        rank = self.wire_rank
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank <= self.dim:
+            raise ConfigError(f"wire_rank must be an int in [0, dim={self.dim}] (0: off), not {rank!r}")
         if self.moe_every < 0 or not self.grid or any(n < 1 for n in self.grid):
             raise ConfigError(
                 f"moe_every must be >= 0 and every grid size >= 1, not {self.moe_every}, {self.grid}"
@@ -75,8 +87,14 @@ class LmConfig:
         return math.prod(self.grid)
 
     @property
+    def mixture_width(self) -> int:
+        """The width of the rows a mixture (and its expert calls) carries: ``wire_rank``, else ``dim``."""
+        return self.wire_rank or self.dim
+
+    @property
     def expert_spec(self) -> ExpertSpec:
-        return ExpertSpec("ffn", self.dim, hidden=self.expert_hidden or max(1, 4 * self.dim // self.k_best))
+        hidden = self.expert_hidden or max(1, 4 * self.dim // self.k_best)
+        return ExpertSpec("ffn", self.dim, hidden=hidden, wire_rank=self.wire_rank)
 
     def dense_twin(self) -> LmConfig:
         """The same model with a dense feed-forward part everywhere: the FLOPs-matched baseline."""
@@ -128,7 +146,7 @@ class LanguageModel(nn.Module):
         self.blocks = nn.ModuleList(
             Block(
                 config,
-                mixture(i)  # type: ignore[misc]
+                self._mixture(mixture, i)  # type: ignore[arg-type]
                 if i in config.moe_blocks
                 else FeedForwardExpert(config.dim, 4 * config.dim),
             )
@@ -142,6 +160,11 @@ class LanguageModel(nn.Module):
         for name, module in self.named_modules():
             if ".experts." not in f".{name}.":
                 _init(module)
+
+    def _mixture(self, factory: MixtureFactory, block: int) -> nn.Module:
+        rank = self.config.wire_rank
+        inner = factory(block)
+        return LowRankBoundary(inner, self.config.dim, rank) if rank else inner
 
     def forward(
         self, idx: torch.Tensor, targets: torch.Tensor | None = None
@@ -166,7 +189,7 @@ class LanguageModel(nn.Module):
             id(p)
             for i in self.config.moe_blocks
             for name, p in self._ffn(i).named_parameters()
-            if name.startswith("experts.")
+            if ".experts." in f".{name}"  # behind a low-rank boundary: mixture.experts.
         }
         return [p for p in self.parameters() if id(p) not in experts]
 

@@ -63,7 +63,8 @@ _DTYPES = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float
 
 def local_model(lm: LmConfig) -> LanguageModel:
     """The model of ``lm`` with every expert in process (freshly initialised)."""
-    return LanguageModel(lm, lambda _: LocalMixtureOfExperts(lm.dim, lm.grid, lm.expert_spec, lm.k_best))
+    width = lm.mixture_width
+    return LanguageModel(lm, lambda _: LocalMixtureOfExperts(width, lm.grid, lm.expert_spec, lm.k_best))
 
 
 def expert_prefixes(lm: LmConfig, experiment: str) -> dict[str, str]:
@@ -73,7 +74,7 @@ def expert_prefixes(lm: LmConfig, experiment: str) -> dict[str, str]:
         cells = itertools.product(*(range(n) for n in lm.grid))
         for n, coords in enumerate(cells):
             uid = ".".join([grid_name(experiment, block), *map(str, coords)])
-            out[uid] = f"blocks.{block}.ffn.experts.{n}."
+            out[uid] = f"blocks.{block}.ffn.{'mixture.' if lm.wire_rank else ''}experts.{n}."
     return out
 
 

@@ -16,8 +16,8 @@
 The login is ``lah train``'s (the token ``lah train login`` kept); the experiment (the coordinator's)
 fixes the grids, the experts' width and type and the collaboration's target batch size; everything else
 is the researcher's. Receipts credit the hosts that answered, spot checks recompute a few answers from
-the answering host's own state, and the dense part steps with the experiment's other trainers when the experiment says
-so, as for ``lah train``. docs/researchers.md is the guide; examples/ has two whole scripts.
+the answering host's own state, and the dense part steps with the experiment's other trainers when the
+experiment says so, as for ``lah train``. docs/researchers.md is the guide; examples/ has two whole scripts.
 
 Modules, bottom up (each imports only those below it, and engine.trainer, engine.collab, engine.moe,
 engine.account (the trainer's login, the coordinator's client and its errors), engine.node (the data

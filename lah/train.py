@@ -213,7 +213,9 @@ def _run(
             if lm_options["tokenizer"] is not None or lm_options["resume"]:
                 raise TrainError("--tokenizer and --resume are for experiments of kind lm")
             dataset = load_data(experiment, data)
-        node = start_node(url, account, loop, data_dir / "identity.key", cfg, credentials, store)
+        node = start_node(
+            url, account, loop, data_dir / "identity.key", cfg, credentials, store, data_dir / "outbox"
+        )
         assert node.peer is not None and node.finder is not None
         identity = node.identity
         grids = experiment.grids if lm else [cfg.uid_prefix]

@@ -131,8 +131,10 @@ def start_node(
     config: Any,
     credentials: Credentials,
     store: TrainerCredentials,
+    outbox_dir: Path | None = None,
 ) -> TrainerNode:
-    """The account's :class:`~engine.trainer.TrainerNode`, started, with ``identity_file``'s key."""
+    """The account's :class:`~engine.trainer.TrainerNode`, started, with ``identity_file``'s key;
+    ``outbox_dir``: where its receipts and reports wait while the coordinator is away."""
     from engine.p2p import Identity
     from engine.trainer import TrainerNode
 
@@ -147,6 +149,7 @@ def start_node(
         config=config,
         credentials=credentials,
         on_credentials=keep,
+        outbox_dir=outbox_dir,
     )
     loop.run(node.start(), 60)
     assert node.peer is not None and node.finder is not None

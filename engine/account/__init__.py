@@ -17,6 +17,8 @@ signaling URL and an expert's spec; never Qt, ``app/`` or ``coordinator/``)::
                      spot checks and evaluations for the experiment's page too)
     trainer_tokens   TrainerCredentials: a trainer's token (``lah train login``), which ``lah train``
                      and ``engine.swarm`` read; the trainer's default data dir
+    outbox           Outbox: batches for the coordinator kept on disk, in order and bounded, until it
+                     answers (a trainer's receipts and reports, a node's energy reports)
 
 Exceptions (what every caller of the coordinator's API catches, the same classes for all)::
 

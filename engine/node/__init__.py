@@ -13,6 +13,7 @@ coordinator's HTTP API and its errors), ``engine.p2p``, ``engine.dht``, ``engine
     home             NodeHome: where one node keeps its lock, settings, identity, token and log
                      (today's per-user folders, or everything in ``--data-dir``)
     participation    assigned / reachable / chosen: why a node got no work, in plain words
+    reports          Reports: the node's energy reports, kept in an outbox on disk until delivered
     status           the status dict (keys documented there), from what it reads of a node
     volunteer        Volunteer: start/stop, upkeep (re-assign, re-declare, re-bootstrap), WorkHooks
     join             join_local(): fresh identity + account + start, for local swarms and demos

@@ -43,6 +43,7 @@ from .config import VolunteerConfig
 from .gate import WorkGate
 from .hosting import Hosting
 from .memory import memory_budget
+from .reports import Reports
 from .status import build_status
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ class Volunteer:
         self.credit_error: str | None = None  # why the last reading failed (the old one stays shown)
         self._credit_task: asyncio.Task[None] | None = None
         self.energy_reported_kwh = 0.0
+        self.reports = Reports(self.data_dir / "outbox", self.api.report_energy)
         self._accounted_at = -math.inf
 
     # -- what callers use -------------------------------------------------------------------------
@@ -372,14 +374,15 @@ class Volunteer:
         return True
 
     async def _report_energy(self, token: str) -> None:
-        """Energy spent on contributed work goes to the coordinator with the host's contributions."""
+        """Energy spent on contributed work goes to the coordinator with the host's contributions; a
+        report waits in the node's outbox until delivered (``engine.node.reports``)."""
         meter = self.governor.energy if self.governor is not None else None
-        if meter is None:
-            return
-        delta = meter.totals.kwh - self.energy_reported_kwh
-        if delta >= ENERGY_REPORT_MIN_KWH:
-            await self.api.report_energy(token, self.peer_id, delta)
-            self.energy_reported_kwh += delta
+        if meter is not None:
+            delta = meter.totals.kwh - self.energy_reported_kwh
+            if delta >= ENERGY_REPORT_MIN_KWH:
+                self.reports.energy(self.peer_id, delta)
+                self.energy_reported_kwh += delta
+        await self.reports.deliver(token)
 
     async def _reassign(self) -> None:
         try:

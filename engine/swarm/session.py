@@ -136,6 +136,7 @@ class Swarm:
                 config=config,
                 credentials=credentials,
                 on_credentials=lambda c: _keep(store, url, c),  # the old token is revoked by then
+                outbox_dir=home / "outbox",  # receipts and reports wait there while the coordinator is away
             )
             grid = next(iter(spec.grids.values()))  # spot checks recompute answers with its spec
             node.expert_spec = ExpertSpec(grid.expert_type, grid.dim, grid.hidden)

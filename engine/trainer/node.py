@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,9 +68,12 @@ class TrainerNode:
         receipt_interval_s: float = 2.0,
         credentials: Credentials | None = None,
         on_credentials: Callable[[Credentials], None] | None = None,
+        outbox_dir: Path | None = None,
     ) -> None:
         """``credentials``: an existing trainer account's (``lah train``; else ``start`` registers
-        ``name``); ``on_credentials`` is told each refreshed token (the old one is revoked by then)."""
+        ``name``); ``on_credentials`` is told each refreshed token (the old one is revoked by then);
+        ``outbox_dir``: where receipts and reports wait while the coordinator is away (the trainer's
+        data dir; None: in memory)."""
         self.name, self.loop = name, loop
         self.identity = identity or Identity.generate()
         self.config = config or TrainerConfig()
@@ -80,7 +84,13 @@ class TrainerNode:
         self.peer: Peer | None = None
         self.dht: DHTNode | None = None
         self.finder: DHTExpertFinder | None = None
-        self.receipts = ReceiptBook(self.identity, self._post_receipts, interval_s=receipt_interval_s)
+        self.receipts = ReceiptBook(
+            self.identity,
+            self._post_receipts,
+            post_report=self._post_report,
+            outbox_dir=outbox_dir,
+            interval_s=receipt_interval_s,
+        )
         self.spot: SpotChecker | None = None
         self.status: CollabStatusReporter | None = None
         self.stats = TrainStats()
@@ -223,7 +233,10 @@ class TrainerNode:
         return await fetch_state(self.peer, host, uid, self.expert_spec, timeout=self.config.timeout)
 
     async def _report(self, host: str, uid: str, start: float, end: float, reason: str) -> None:
-        report = sign_spot_check(self.identity, host, uid, start, end, reason)
+        """Sign a spot-check report and give it to the receipt book's outbox (delivered in order)."""
+        self.receipts.add_report(sign_spot_check(self.identity, host, uid, start, end, reason))
+
+    async def _post_report(self, report: dict[str, Any]) -> None:
         await self.api.post_spot_check(await self.token(), report)
 
     async def stop(self) -> None:

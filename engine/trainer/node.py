@@ -43,7 +43,7 @@ from engine.p2p import Identity, LinkConfig, Peer
 from .collab_status import CollabStatusReporter
 from .model import DigitsDMoE
 from .receipts import ReceiptBook, Work, sign_spot_check
-from .spot_check import SpotChecker
+from .spot_check import WIRE_TOLERANCE, SpotChecker
 from .trainer import TrainerConfig, TrainStats, remote_model
 
 __all__ = ["TrainerNode"]
@@ -124,7 +124,11 @@ class TrainerNode:
                 raise RuntimeError(f"the trainer could not join the DHT: {e}") from e
         self.finder = DHTExpertFinder(self.dht, coordinator_key=joined.coordinator_key or None)
         self.spot = SpotChecker(
-            self._state_on, self.spec_of, self._report, fraction=self.config.spot_check_fraction
+            self._state_on,
+            self.spec_of,
+            self._report,
+            fraction=self.config.spot_check_fraction,
+            tolerance=WIRE_TOLERANCE.get(self.config.wire, WIRE_TOLERANCE["int4"]),
         )
         self.receipts.start()
 

@@ -12,8 +12,9 @@ Otherwise (the version is unknown, or the host took a step before the state was 
 inconclusive: counted, never a flag.
 
 A mismatch is a row of the answer whose relative distance ``|a - b| / max(|a|, |b|)`` exceeds
-``tolerance`` (0.05 by default: the same weights and inputs give the same answer up to the reply's
-float16 rounding, about 5e-4, or int8's blockwise quantization, about 1%), or a non-finite value; a row,
+``tolerance`` (:data:`WIRE_TOLERANCE` for the replies' format: the same weights and inputs give the same
+answer up to the reply's float16 rounding, about 5e-4, int8's blockwise quantization, at most 1.5% of a
+row, or int4's, at most 24% of a row of an ffn expert), or a non-finite value; a row,
 so a host that perturbs a few samples of a reply is caught as surely as one that perturbs all. The host
 is reported (``POST /api/spot-checks``) with its version and digest in the reason.
 
@@ -38,9 +39,12 @@ from engine.moe.registry import ExpertSpec, build
 from engine.moe.weights import ExpertState
 from engine.wire import all_finite
 
-__all__ = ["SpotCheckStats", "SpotChecker", "mismatch", "recompute", "row_error"]
+__all__ = ["WIRE_TOLERANCE", "SpotCheckStats", "SpotChecker", "mismatch", "recompute", "row_error"]
 
 logger = logging.getLogger(__name__)
+
+#: The largest row error an honest answer shows, by the replies' wire format, with a margin.
+WIRE_TOLERANCE = {"float16": 0.05, "int8": 0.05, "int4": 0.5}
 
 #: ``(host, uid) -> that host's current state of uid``, checked against the spec; raises on failure.
 StateFetch = Callable[[str, str], Awaitable[ExpertState]]

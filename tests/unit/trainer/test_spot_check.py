@@ -13,7 +13,7 @@ import torch
 from engine.moe.layer_calls import CallRecord
 from engine.moe.registry import ExpertSpec, build
 from engine.moe.weights import ExpertState, weights_digest
-from engine.trainer.spot_check import SpotChecker, mismatch, row_error
+from engine.trainer.spot_check import WIRE_TOLERANCE, SpotChecker, mismatch, row_error
 from engine.wire import dequantize_int8, quantize_int8
 
 SPEC = ExpertSpec("ffn", 8, hidden=16)
@@ -143,3 +143,18 @@ def test_row_error() -> None:
     b[0, 0] = float("nan")
     assert mismatch(a, b, 10.0)
     assert row_error(torch.zeros(0, 3), torch.zeros(0, 3)) == 0.0
+
+
+async def test_each_wire_formats_tolerance_passes_honest_answers_and_catches_noise() -> None:
+    from engine.wire.compression import dequantize_int4, quantize_int4
+
+    torch.manual_seed(1)
+    module = build(ExpertSpec("ffn", 64, hidden=256))
+    for _ in range(20):
+        y = module(torch.randn(64, 64) * 3).detach()
+        scales, q = quantize_int4(y)
+        back = dequantize_int4(scales, q, y.numel(), torch.float32).view_as(y)
+        assert not mismatch(y, back, WIRE_TOLERANCE["int4"])
+        noisy = back.clone()
+        noisy[5] += torch.randn_like(noisy[5]) * noisy[5].norm() / 8
+        assert mismatch(y, noisy, WIRE_TOLERANCE["int4"])

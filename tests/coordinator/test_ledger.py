@@ -34,9 +34,9 @@ async def credit_of(sessions, model, key):  # type: ignore[no-untyped-def]
 async def test_credits_host_account_team_and_days(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, account_id, other, other_account = world
     receipts = [
-        sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW - 60),
-        sign_receipt(trainer, host.peer_id, "mnist.0.2", 5, True, NOW - 30),
-        sign_receipt(trainer, other.peer_id, "mnist.0.1", 7, False, NOW - DAY_S),
+        sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW - 60),
+        sign_receipt(trainer, host, "mnist.0.2", 5, True, NOW - 30),
+        sign_receipt(trainer, other, "mnist.0.1", 7, False, NOW - DAY_S),
     ]
     result = await ingest(sessions, ReceiptBatch(receipts), now=NOW, expert_costs={"mnist": 2.0})
     assert (result.accepted, result.duplicates, result.rejected) == (3, 0, [])
@@ -59,18 +59,18 @@ async def test_credits_host_account_team_and_days(world) -> None:  # type: ignor
 
     # A week later: the recent credit has halved before the new grant is added.
     later = NOW + HALF_LIFE_S
-    await ingest(sessions, [sign_receipt(trainer, host.peer_id, "mnist.0.1", 1, False, later)], now=later)
+    await ingest(sessions, [sign_receipt(trainer, host, "mnist.0.1", 1, False, later)], now=later)
     h = await credit_of(sessions, Host, host.peer_id)
     assert h.credit_total == 41.0 and h.credit_recent == pytest.approx(21.0) and h.credit_recent_at == later
 
 
 async def test_forged_and_misattributed_signatures_are_rejected(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, *_ = world
-    good = sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW)
+    good = sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW)
     inflated = msgspec.structs.replace(good, samples=10_000)  # signed for 10
     stranger = Identity.generate()
     foreign_key = msgspec.structs.replace(
-        sign_receipt(stranger, host.peer_id, "mnist.0.1", 10, False, NOW), trainer_peer_id=trainer.peer_id
+        sign_receipt(stranger, host, "mnist.0.1", 10, False, NOW), trainer_peer_id=trainer.peer_id
     )
     result = await ingest(sessions, [inflated, foreign_key], now=NOW)
     assert result.accepted == 0
@@ -85,13 +85,13 @@ async def test_only_trainers_and_known_hosts(world) -> None:  # type: ignore[no-
     result = await ingest(
         sessions,
         [
-            sign_receipt(other, host.peer_id, "mnist.0.1", 10, False, NOW),  # a volunteer, not a trainer
-            sign_receipt(unbound, host.peer_id, "mnist.0.1", 10, False, NOW),  # no account at all
-            sign_receipt(trainer, Identity.generate().peer_id, "mnist.0.1", 10, False, NOW),
-            sign_receipt(trainer, host.peer_id, "mnist.0.1", 0, False, NOW),
-            sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW + 3600),
-            sign_receipt(trainer, host.peer_id, "other.0.1", 10, False, NOW),
-            sign_receipt(trainer, trainer.peer_id, "mnist.0.1", 10, False, NOW),
+            sign_receipt(other, host, "mnist.0.1", 10, False, NOW),  # a volunteer, not a trainer
+            sign_receipt(unbound, host, "mnist.0.1", 10, False, NOW),  # no account at all
+            sign_receipt(trainer, Identity.generate(), "mnist.0.1", 10, False, NOW),
+            sign_receipt(trainer, host, "mnist.0.1", 0, False, NOW),
+            sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW + 3600),
+            sign_receipt(trainer, host, "other.0.1", 10, False, NOW),
+            sign_receipt(trainer, trainer, "mnist.0.1", 10, False, NOW),
         ],
         now=NOW,
         expert_costs={"mnist": 1.0},
@@ -115,15 +115,15 @@ async def test_disabled_trainer_is_refused(world) -> None:  # type: ignore[no-un
         account = await s.get(Account, t.account_id)
         account.disabled = True
     result = await ingest(
-        sessions, [sign_receipt(trainer, host.peer_id, "mnist.0.1", 1, False, NOW)], now=NOW
+        sessions, [sign_receipt(trainer, host, "mnist.0.1", 1, False, NOW)], now=NOW
     )
     assert result.rejected[0][1] == "not_a_trainer"
 
 
 async def test_duplicates_in_batch_and_across_batches_credit_once(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, *_ = world
-    r1 = sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW)
-    r2 = sign_receipt(trainer, host.peer_id, "mnist.0.1", 20, False, NOW)
+    r1 = sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW)
+    r2 = sign_receipt(trainer, host, "mnist.0.1", 20, False, NOW)
     result = await ingest(sessions, [r1, r1, r2], now=NOW)
     assert (result.accepted, result.duplicates) == (2, 1)
     result = await ingest(sessions, [r2, r1, r1], now=NOW + 1)
@@ -136,9 +136,9 @@ async def test_duplicates_in_batch_and_across_batches_credit_once(world) -> None
 
 async def test_spot_check_withholds_and_reverses(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, account_id, other, _ = world
-    early = sign_receipt(trainer, host.peer_id, "mnist.0.1", 100, False, NOW - 7200)
-    inside = [sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW - 1800 + i) for i in range(3)]
-    bystander = sign_receipt(trainer, other.peer_id, "mnist.0.1", 5, False, NOW - 1800)
+    early = sign_receipt(trainer, host, "mnist.0.1", 100, False, NOW - 7200)
+    inside = [sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW - 1800 + i) for i in range(3)]
+    bystander = sign_receipt(trainer, other, "mnist.0.1", 5, False, NOW - 1800)
     await ingest(sessions, [early, *inside, bystander], now=NOW)
     async with sessions() as s:
         team_before = (await s.execute(select(Team).where(Team.name == "red"))).scalar_one().credit_total
@@ -147,12 +147,14 @@ async def test_spot_check_withholds_and_reverses(world) -> None:  # type: ignore
     later = NOW + DAY_S
     report = sign_spot_check(trainer, host.peer_id, "mnist.0.1", NOW - 3600, NOW, "outputs differ")
     result = await report_spot_check(sessions, report, now=later)
-    assert (result.withheld_receipts, result.reversed_credit, result.duplicate) == (3, 30.0, False)
-    again = await report_spot_check(sessions, report, now=later)
-    assert again.duplicate and again.withheld_receipts == 0
+    # The reporter's own grants are taken back; one reporter alone does not flag the host for everyone.
+    assert (result.withheld_receipts, result.reversed_credit, result.corroborated) == (3, 30.0, False)
+    with pytest.raises(SpotCheckRejected) as replay:
+        await report_spot_check(sessions, report, now=later)
+    assert replay.value.code == "replayed"
 
     h = await credit_of(sessions, Host, host.peer_id)
-    assert h.flagged and h.credit_total == 100.0 and h.requests_served == 1
+    assert not h.flagged and h.credit_total == 100.0 and h.requests_served == 1
     # Exactly what was granted comes back out: the 30 were added at NOW (ingestion), so what is left of
     # them at ``later`` is decay(30, NOW, later), whenever they were served.
     assert h.credit_recent == pytest.approx(decay(100.0, NOW, later))
@@ -173,8 +175,8 @@ async def test_spot_check_withholds_and_reverses(world) -> None:  # type: ignore
         assert day.credit == 100.0
 
     # New receipts in the flagged period are stored, withheld, and credit nothing; outside it, credit.
-    late = sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, NOW - 60)
-    fresh = sign_receipt(trainer, host.peer_id, "mnist.0.1", 10, False, later)
+    late = sign_receipt(trainer, host, "mnist.0.1", 10, False, NOW - 60)
+    fresh = sign_receipt(trainer, host, "mnist.0.1", 10, False, later)
     result = await ingest(sessions, [late, fresh], now=later)
     assert (result.accepted, result.withheld, result.credit) == (2, 1, 10.0)
     h = await credit_of(sessions, Host, host.peer_id)
@@ -208,8 +210,8 @@ async def test_a_batch_is_not_held_up_by_another_transactions_receipt_for_the_sa
     holding KEY SHARE and wanting FOR UPDATE, deadlocked on PostgreSQL (seen in CI). The host lock is
     FOR NO KEY UPDATE, which KEY SHARE does not block. SQLite has one writer: there the batch waits."""
     sessions, trainer, host, _, _, _ = world
-    first = sign_receipt(trainer, host.peer_id, "mnist.0.1", 3, False, NOW - 5)
-    second = sign_receipt(trainer, host.peer_id, "mnist.0.1", 4, False, NOW - 4)
+    first = sign_receipt(trainer, host, "mnist.0.1", 3, False, NOW - 5)
+    second = sign_receipt(trainer, host, "mnist.0.1", 4, False, NOW - 4)
     async with sessions() as other, other.begin():
         other.add(
             Receipt(
@@ -241,7 +243,7 @@ async def test_a_batch_is_not_held_up_by_another_transactions_receipt_for_the_sa
 async def test_concurrent_overlapping_batches_credit_each_receipt_once(world) -> None:  # type: ignore[no-untyped-def]
     sessions, trainer, host, _, other, _ = world
     receipts = [
-        sign_receipt(trainer, (host, other)[i % 2].peer_id, "mnist.0.1", 1 + i % 5, False, NOW - i)
+        sign_receipt(trainer, (host, other)[i % 2], "mnist.0.1", 1 + i % 5, False, NOW - i)
         for i in range(300)
     ]
     batches = [receipts[0:200], receipts[100:300], receipts[50:250], receipts[::-1]]

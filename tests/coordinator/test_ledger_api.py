@@ -48,7 +48,7 @@ async def test_receipts_roundtrip_and_boards(api) -> None:  # type: ignore[no-un
     import time
 
     now = time.time()
-    r = sign_receipt(trainer, host.peer_id, "mnist.0.0", 10, True, now - 5)
+    r = sign_receipt(trainer, host, "mnist.0.0", 10, True, now - 5)
     resp = await client.post("/api/receipts", data=body([r, r]))
     assert resp.status == 200
     assert await resp.json() == {
@@ -59,7 +59,7 @@ async def test_receipts_roundtrip_and_boards(api) -> None:  # type: ignore[no-un
         "rejected": [],
     }
     resp = await client.post(
-        "/api/receipts", data=body([r, sign_receipt(host, host.peer_id, "mnist.0", 1, False, now)])
+        "/api/receipts", data=body([r, sign_receipt(host, host, "mnist.0", 1, False, now)])
     )
     data = await resp.json()
     assert data["duplicates"] == 1 and data["rejected"][0]["reason"] == "self_receipt"
@@ -78,7 +78,7 @@ async def test_receipts_roundtrip_and_boards(api) -> None:  # type: ignore[no-un
     assert resp.status == 201
     assert (await resp.json())["reversed_credit"] == 40.0
     resp = await client.post("/api/spot-checks", data=msgspec.json.encode(report))
-    assert resp.status == 200
+    assert resp.status == 409 and (await resp.json())["error"] == "replayed"  # a replay changes nothing
     forged = msgspec.structs.replace(report, period_start=now - 3600)
     resp = await client.post("/api/spot-checks", data=msgspec.json.encode(forged))
     assert resp.status == 403 and (await resp.json())["error"] == "bad_signature"
@@ -109,7 +109,7 @@ async def test_errors(api) -> None:  # type: ignore[no-untyped-def]
             yield b" " * 65536
 
     assert await error("POST", "/api/receipts", 413, data=chunked()) == "too_large"
-    r = sign_receipt(trainer, host.peer_id, "mnist.0.0", 1, False, 1e9)
+    r = sign_receipt(trainer, host, "mnist.0.0", 1, False, 1e9)
     too_many = msgspec.json.encode({"receipts": [r] * (MAX_BATCH + 1)})
     assert len(too_many) < 1024 * 1024
     assert await error("POST", "/api/receipts", 422, data=too_many) == "invalid_request"
@@ -144,8 +144,8 @@ async def test_routes_use_the_app_services(db: AsyncEngine, tmp_path) -> None:  
     setup_routes(app)
     now = time.time()
     receipts = [
-        sign_receipt(trainer, host.peer_id, "mnist.0", 2, False, now),
-        sign_receipt(trainer, host.peer_id, "cifar.0", 2, False, now),
+        sign_receipt(trainer, host, "mnist.0", 2, False, now),
+        sign_receipt(trainer, host, "cifar.0", 2, False, now),
     ]
     async with TestClient(TestServer(app), headers=auth(services, trainer_account)) as client:
         data = await (await client.post("/api/receipts", data=body(receipts))).json()
@@ -165,7 +165,7 @@ async def test_leaderboard_page_cache(db: AsyncEngine, tmp_path: Path, cache_s: 
     async with TestClient(TestServer(app), headers=auth(services, trainer_account)) as client:
         totals = []
         for _ in range(2):
-            r = sign_receipt(trainer, host.peer_id, "m.0", 5, False, time.time())
+            r = sign_receipt(trainer, host, "m.0", 5, False, time.time())
             assert (await (await client.post("/api/receipts", data=body([r]))).json())["accepted"] == 1
             board = await (await client.get("/api/leaderboard?kind=hosts")).json()
             totals.append(board["entries"][0]["credit_total"])

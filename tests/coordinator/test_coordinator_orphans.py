@@ -49,10 +49,12 @@ async def _seed(config: Path) -> tuple[str, bytes]:
 def _wait_for_site(proc: subprocess.Popen[str]) -> None:
     assert proc.stdout is not None
     deadline = time.monotonic() + START_TIMEOUT_S
+    said = []
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
+        said.append(line)
         if not line:
-            raise AssertionError(f"the coordinator exited ({proc.poll()}) before serving")
+            raise AssertionError(f"the coordinator exited ({proc.wait(10)}) before serving: {''.join(said)}")
         if line.startswith("coordinator: site"):
             return
     raise AssertionError("the coordinator did not start in time")

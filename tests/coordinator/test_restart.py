@@ -13,7 +13,7 @@ from coordinator.credit.receipts import sign_receipt
 from coordinator.server.app import start_full
 from engine.p2p.signaling import SignalingClient
 from tests.coordinator.accounts_helpers import volunteer_with_host
-from tests.coordinator.ledger_support import make_host
+from tests.coordinator.ledger_support import hold, make_host
 
 EXP = ExperimentConfig(name="ffn", expert_type="ffn", grid=[2, 2])
 
@@ -35,6 +35,7 @@ async def test_restart_keeps_receipts_and_clients_rejoin(tmp_path: Path) -> None
     running = await start_full(config)
     services = running.services
     _, token, host = await volunteer_with_host(services, "Ada")
+    await hold(services.sessions, host.peer_id, ["ffn.0.1"])  # its assignment: what its receipts earn for
     trainer, trainer_account = await make_host(services.sessions, "Trainer Tom", role="trainer")
     auth = {"Authorization": f"Bearer {services.tokens.issue(trainer_account, 'trainer')}"}
     client = SignalingClient(running.signaling_url, host, lambda _: None, token=token, max_backoff=1.0)

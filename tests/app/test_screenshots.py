@@ -17,9 +17,11 @@ from PySide6.QtWidgets import QApplication, QWidget
 from app.qt.controller import AppController
 from app.qt.theme import apply_color_scheme
 from engine.account import CoordinatorApi
+from engine.moe.host_call import reply_proofs
 from engine.p2p import Identity
 from engine.p2p.patches import pin_host_addresses
 from engine.trainer import sign_receipt
+from engine.wire.statements import receipt_id_of
 from tests.integration.test_node_swarm import trainer_peer
 
 from .conftest import Coordinator
@@ -63,20 +65,24 @@ def test_wizard_pages(scheme: str, app_env: Path, make_controller: Callable[...,
     assert "Start contributing" in wiz.confirm.summary.text()
 
 
-async def credit_work(coordinator: Coordinator, host: str, uid: str, requests: int) -> None:
-    """Receipts for ``requests`` calls of 32 samples, signed by a trainer account's host, as the
-    trainer's ReceiptBook posts them."""
+async def credit_work(
+    coordinator: Coordinator, identity: Identity, host: str, uid: str, served: list[tuple[str, Any]]
+) -> None:
+    """Receipts for the calls ``served`` ((activation id, reply fields) of 32 samples each), signed by
+    the caller's key (its account "Trainer" given the trainer role) and countersigned by the host's
+    replies, as the trainer's ReceiptBook posts them."""
     services = coordinator.running.services
-    identity = Identity.generate()
     api = CoordinatorApi(coordinator.url)
     try:
-        creds = await api.register("Lab")
-        await services.accounts.set_role("Lab", "trainer", by=None)
-        creds = await api.refresh(creds)  # a token that carries the role
-        await api.bind_host(creds, identity)
-        now = time.time()
-        receipts = [sign_receipt(identity, host, uid, 32, False, now) for _ in range(min(requests, 100))]
-        answer = await api.post_receipts(creds.token, receipts)
+        account = await services.accounts.set_role("Trainer", "trainer", by=None)
+        token = services.tokens.issue(account.id, "trainer")
+        receipts = []
+        for aid, fields in served[:100]:
+            (proof,) = reply_proofs(fields, identity.peer_id, False, [(aid, uid, 32)]) or [None]
+            assert proof is not None, fields
+            rid = receipt_id_of(identity.peer_id, aid, False)
+            receipts.append(sign_receipt(identity, host, uid, 32, False, proof.served_at, rid, proof))
+        answer = await api.post_receipts(token, receipts)
         assert answer["accepted"] == len(receipts), answer
     finally:
         await api.close()
@@ -98,20 +104,16 @@ def test_settings_and_status_with_real_activity(
     pin_host_addresses(["127.0.0.1"])
     peer, dht = coordinator.loop.run(trainer_peer(coordinator.running, [node_id]), 60)
     c.show_status()
+    served: list[tuple[str, Any]] = []
     try:
         end = time.monotonic() + 14
         while time.monotonic() < end:  # a trainer's calls, as the chart should show them
             batch = torch.randn(32, 16)
-            coordinator.loop.run(
-                peer.call(
-                    node_id,
-                    "moe.forward",
-                    {"uid": uid, "aid": f"a{time.monotonic_ns()}"},
-                    [batch],
-                    timeout=20,
-                ),
-                30,
+            aid = f"a{time.monotonic_ns()}"
+            reply = coordinator.loop.run(
+                peer.call(node_id, "moe.forward", {"uid": uid, "aid": aid}, [batch], timeout=20), 30
             )
+            served.append((aid, reply.fields))
             QApplication.processEvents()
     finally:
         coordinator.loop.run(dht.stop(), 15)
@@ -120,7 +122,7 @@ def test_settings_and_status_with_real_activity(
     wait_until(lambda: (c.status or {}).get("requests_served", 0) > 0, 10, "requests counted")
     # a trainer's receipts for that work credit the account; the window shows the coordinator's credit
     # as soon as it is opened again (it said "0.0 (rank #1)", read before any receipt arrived)
-    coordinator.loop.run(credit_work(coordinator, node_id, uid, c.status["requests_served"]), 30)
+    coordinator.loop.run(credit_work(coordinator, peer.identity, node_id, uid, served), 30)
     c.show_status()
     credit = c.status_window.fields["credit"]
     wait_until(

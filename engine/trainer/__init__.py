@@ -3,7 +3,8 @@
 ::
 
     model.py             digits data (sklearn, bundled), DigitsDMoE (LocalMixtureOfExperts from engine.moe)
-    receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches)
+    receipts.py          receipt / spot-check signing (the coordinator's bytes), ReceiptBook (batches, kept in
+                         an outbox on disk until the coordinator answers: nothing lost in an outage)
     spot_check.py        SpotChecker: a random fraction of forwards recomputed from the answering host's own
                          state at the version it stated (moe.state), compared row by row
     collab_status.py     CollabStatusReporter: a collaborative trainer's status reports to the coordinator

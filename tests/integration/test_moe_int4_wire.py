@@ -7,10 +7,9 @@ import asyncio
 import pytest
 import torch
 
-import engine.p2p.rpc as rpc_module
 from engine.moe import ExpertCallFailed, ExpertServer, ExpertSpec, LoopThread, RemoteExpert, build
 from engine.p2p import Handlers
-from engine.wire import Compression
+from engine.wire import Compression, encode_message
 from tests.integration.conftest import MakePeer
 
 SPEC = ExpertSpec("ffn", 32, hidden=64, wire_rank=5)  # rows of 5: an odd element count, a padding nibble
@@ -32,7 +31,7 @@ async def test_int4_call_over_aiortc_and_a_malformed_payload_fails_only_its_call
     w = torch.randn(3, 5)
 
     def step() -> torch.Tensor:
-        y = expert(x)
+        y: torch.Tensor = expert(x)
         (y * w).sum().backward()
         return y.detach()
 
@@ -45,22 +44,20 @@ async def test_int4_call_over_aiortc_and_a_malformed_payload_fails_only_its_call
     assert x.grad is not None and bool(torch.isfinite(x.grad).all())
     assert server.stats()["ffn.0.0"]["forward_requests"] == 1
 
-    real_encode = rpc_module.encode_message
-
     def corrupting(msg, compression, **kwargs):  # type: ignore[no-untyped-def]
-        pieces = real_encode(msg, compression, **kwargs)
+        pieces = encode_message(msg, compression, **kwargs)
         if msg.method == "moe.forward" and compression == Compression.INT4:
             last = bytearray(pieces[-1])
             last[-1] |= 0xF0  # the padding nibble of 15 elements
             pieces = [*pieces[:-1], bytes(last)]
         return pieces
 
-    monkeypatch.setattr(rpc_module, "encode_message", corrupting)
+    monkeypatch.setattr("engine.p2p.rpc.encode_message", corrupting)
     with pytest.raises(ExpertCallFailed) as failed:
         await asyncio.wait_for(asyncio.to_thread(lambda: expert(torch.randn(3, 5))), 30)
     print("malformed int4 request:", failed.value.code, failed.value)
     assert failed.value.code == "connection"  # the host's RPC drops a peer that sends undecodable bytes
-    monkeypatch.setattr(rpc_module, "encode_message", real_encode)
+    monkeypatch.setattr("engine.p2p.rpc.encode_message", encode_message)
 
     # The host is up: a fresh trainer's call goes through.
     other = await make_peer()

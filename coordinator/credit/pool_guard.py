@@ -22,7 +22,7 @@ POLL_S = 0.5
 def parent_gone(parent_pid: int) -> bool:
     if sys.platform != "win32":
         return os.getppid() != parent_pid
-    import psutil  # Windows keeps reporting a dead parent's pid as getppid()
+    import psutil  # type: ignore[import-untyped]  # Windows reports a dead parent's pid as getppid()
 
     return not psutil.pid_exists(parent_pid)
 

@@ -12,7 +12,8 @@ of ("" for a classifier's grid): the tray app links the model's page on the site
 What a node claims is checked against what a machine can have: ``memory_bytes`` at most
 ``MAX_MEMORY_BYTES`` for its device (more would win it the whole grid), an energy report at most
 ``MAX_HOST_KW`` times the hours since the host's previous report (or since it was bound). A trainer's
-(or an admin's) account does not host: 403 ``trainer_cannot_host``.
+(or an admin's) account does not host: 403 ``trainer_cannot_host`` if it offers memory (with none it
+gets no experts, only the peers and the key, as a trainer asks).
 """
 
 from __future__ import annotations

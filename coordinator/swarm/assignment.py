@@ -11,7 +11,8 @@ Every holding is also kept in ``assignment_spans`` (a renewal extends the open s
 one, an expert given back closes its span now), with the capacity the node declared: the ledger credits a
 receipt only for a host that held the expert when it served, and caps a host's credit per hour by that
 capacity (:mod:`coordinator.credit.rules`). A trainer account's key signs receipts and never hosts
-(``TrainerCannotHost``): a trainer could otherwise pay its own hosts.
+(``TrainerCannotHost`` for any memory offered; with none, as a trainer asks for the DHT's peers, it gets
+no experts): a trainer could otherwise pay its own hosts.
 """
 
 from __future__ import annotations
@@ -113,8 +114,10 @@ async def assign_host(
                 select(Account.role).join(Host, Host.account_id == Account.id).where(Host.peer_id == host)
             )
         ).scalar()
-        if role in TRAINER_ROLES:
-            raise TrainerCannotHost(f"a {role} account does not host: bind another account's key to host")
+        if role in TRAINER_ROLES:  # a trainer asks with no memory for the DHT's peers and the proofs' key
+            if capacity.memory_bytes > 0:
+                raise TrainerCannotHost(f"a {role} account does not host: bind another account's key to host")
+            return []
         for index, experiment in enumerate(grids):
             mine = (
                 await session.execute(

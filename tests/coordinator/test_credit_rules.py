@@ -187,6 +187,8 @@ async def test_spans_are_extended_opened_and_closed_by_assignment(db: AsyncEngin
     trainer, _ = await make_host(sessions, "trainer", role="trainer")
     with pytest.raises(TrainerCannotHost):
         await assign_host(sessions, [exp], trainer.peer_id, big, now=1000.0, ttl_s=60)
+    # A trainer asks with no memory for the DHT's peers and the proofs' key: nothing to host.
+    assert await assign_host(sessions, [exp], trainer.peer_id, Capacity("cpu", 0), now=1000.0, ttl_s=60) == []
 
 
 async def test_trainer_accounts_are_off_the_contributors_board(world) -> None:  # type: ignore[no-untyped-def]
@@ -202,3 +204,31 @@ async def test_trainer_accounts_are_off_the_contributors_board(world) -> None:  
     for sort in ("total", "recent"):
         page = await leaderboard(sessions, "users", sort, now=NOW)  # type: ignore[arg-type]
         assert [e.id for e in page.entries] == [str(volunteer)]
+
+
+async def test_the_assignment_api_refuses_a_trainer_that_offers_memory(db: AsyncEngine, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from coordinator.config import CoordinatorConfig, ExperimentConfig
+    from coordinator.services import SERVICES, open_services
+    from coordinator.swarm.api_swarm import setup_routes
+
+    exp = ExperimentConfig(name="m", expert_type="ffn", grid=[4])
+    config = CoordinatorConfig(token_key_path=str(tmp_path / "token.key"), experiments=[exp])
+    services = await open_services(config, engine=db)
+    trainer, account = await make_host(services.sessions, "trainer", role="trainer")
+    app = web.Application()
+    app[SERVICES] = services
+    setup_routes(app)
+    headers = {"Authorization": f"Bearer {services.tokens.issue(account, 'trainer')}"}
+    try:
+        async with TestClient(TestServer(app), headers=headers) as client:
+            r = await client.post(
+                "/api/assignment", json={"peer_id": trainer.peer_id, "memory_bytes": 1 << 30}
+            )
+            assert r.status == 403 and (await r.json())["error"] == "trainer_cannot_host"
+            r = await client.post("/api/assignment", json={"peer_id": trainer.peer_id, "memory_bytes": 0})
+            assert r.status == 200 and (await r.json())["experts"] == []
+    finally:
+        await services.close()

@@ -27,6 +27,10 @@ is not built). Attacks:
 - ``weight_at_cap``: the largest weight a reducer accepts (``2 B``) with its gradient times -1000; the
   reducer bounds it to twice the median weight.
 - ``inflated_bandwidth``: claims 1e300 bytes/s (and sends its gradient times -1000); its part is capped.
+- ``experts_sign_flip``, ``experts_x1000``, ``experts_crafted``: poisoned gradients into experts, the
+  digits model with its middle layer on two experts hosted by the real ``ExpertBackend``, with the
+  hosts' guards (engine.moe.guard) and without: ``benchmarks/byzantine_experts.py`` (its docstring has
+  the setup); their defended gaps join ``gaps`` and the worst gaps, the rest is under ``experts``.
 - ``state_epoch_1e9``: at half the run a newcomer takes the collaboration's state from every trainer's
   real ``StateDonor`` (in-memory DHT slots), the malicious ones publishing a forged state (another
   model) at epoch 10^9, and the collaboration goes on from the newcomer's copy. The malicious trainers
@@ -73,6 +77,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch
 from torch import nn
 
+from benchmarks.byzantine_experts import EXPERT_ATTACKS, expert_runs
 from benchmarks.collab_training import LR, accuracy, make_model
 from engine.collab import AllReduceConfig, AllReduceService, CenteredClipConfig
 from engine.collab import state as collab_state
@@ -299,7 +304,9 @@ def spread(xs: list[float]) -> str:
     return f"{statistics.median(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"
 
 
-async def main_async(steps: int, repeats: int, undefended: bool = True) -> dict[str, Any]:
+async def main_async(
+    steps: int, repeats: int, undefended: bool = True, experts: bool = True
+) -> dict[str, Any]:
     data = load_digits_split()
     plan: list[tuple[str | None, float, bool]] = [(None, 0.0, False), (None, 0.0, True)]
     plan += [("absent", s, True) for s in SHARES]
@@ -339,8 +346,16 @@ async def main_async(steps: int, repeats: int, undefended: bool = True) -> dict[
     rate = statistics.median(r.honest_samples / r.seconds for r in reference)
     rate_plain = statistics.median(r.honest_samples / r.seconds for r in undefended_honest)
 
+    expert_figures: dict[str, Any] = {}
+    if experts:  # poisoned gradients into experts (benchmarks/byzantine_experts.py)
+        expert_figures = await expert_runs(steps, repeats, data)
+        for name, gap in expert_figures["expert_gaps"].items():
+            if name.endswith(" defended"):
+                gaps[name] = gap
+
     def worst(share: float) -> float:
-        return max(gaps[f"{a} {round(share * 100)}% defended"] for a in ATTACKS)
+        names = [*ATTACKS, *(EXPERT_ATTACKS if experts else ())]
+        return max(gaps[f"{a} {round(share * 100)}% defended"] for a in names)
 
     state_runs = [r for r in attacked if r.attack == "state_epoch_1e9"]
     figures = {
@@ -372,6 +387,11 @@ async def main_async(steps: int, repeats: int, undefended: bool = True) -> dict[
         "state_epochs_taken": sorted({r.state_epoch for r in state_runs if r.state_epoch is not None}),
         "load_avg_1m": os.getloadavg()[0],
     }
+    if expert_figures:
+        figures["experts"] = {k: v for k, v in expert_figures.items() if k != "expert_gaps"}
+        figures["experts"]["gaps_undefended"] = {
+            k: v for k, v in expert_figures["expert_gaps"].items() if k.endswith(" undefended")
+        }
     return figures
 
 
@@ -388,6 +408,7 @@ def main() -> None:
     parser.add_argument("--weight-to-median", type=float, default=None, help="weight bound / median")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help="comma-separated subset")
     parser.add_argument("--no-undefended", action="store_true", help="skip the undefended attacked runs")
+    parser.add_argument("--no-experts", action="store_true", help="skip poisoned gradients into experts")
     args = parser.parse_args()
     defaults = CenteredClipConfig()
     ROBUST = CenteredClipConfig(
@@ -401,7 +422,7 @@ def main() -> None:
     torch.set_num_threads(1)
     steps = args.steps or (150 if args.quick else 300)
     repeats = args.repeats or (2 if args.quick else 3)
-    figures = asyncio.run(main_async(steps, repeats, not args.no_undefended))
+    figures = asyncio.run(main_async(steps, repeats, not args.no_undefended, not args.no_experts))
     print(json.dumps(figures))
 
 

@@ -138,7 +138,8 @@ async def holdings(
 async def hours_used(
     session: AsyncSession, keys: Iterable[tuple[str, int, int]]
 ) -> dict[tuple[str, int, int], float]:
-    """Credit already granted per (host, trainer account or 0, hour); read after the hosts are locked."""
+    """Credit already granted per (host, trainer account or 0 for every trainer, hour), of the keys
+    asked; read after the hosts are locked."""
     wanted = set(keys)
     if not wanted:
         return {}
@@ -153,10 +154,16 @@ async def hours_used(
             )
         )
     ).all()
-    return {(h, a, hour): c for h, a, hour, c in rows if (h, a, hour) in wanted}
+    used: dict[tuple[str, int, int], float] = defaultdict(float)
+    for h, a, hour, c in rows:  # only pairs are stored: a host's total is the sum of its pairs
+        used[(h, a, hour)] += c
+        used[(h, 0, hour)] += c
+    return {k: v for k, v in used.items() if k in wanted}
 
 
 async def add_hours(session: AsyncSession, spent: Mapping[tuple[str, int, int], float]) -> None:
+    """Store the pairs' part of ``admit``'s spending (the hosts' totals are their sums)."""
+    spent = {k: v for k, v in spent.items() if k[1] != 0}
     if not spent:
         return
     ins = insert_for(session, _HOURS)

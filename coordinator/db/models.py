@@ -276,8 +276,8 @@ class AssignmentSpan(Base):
 
 
 class CreditHour(Base):
-    """Credit granted per host per hour of serving (``trainer_account_id`` 0: from every trainer; else
-    from that trainer account): what the per-hour caps are checked against."""
+    """Credit a trainer account granted a host per hour of serving: what the per-hour caps are checked
+    against (the host's total for the hour is the sum of its rows)."""
 
     __tablename__ = "credit_hours"
     host_peer_id: Mapped[str] = mapped_column(String(PEER_ID_LEN), primary_key=True)

@@ -10,7 +10,7 @@ call, row blocks as ``encode_message`` picks them). The experts run in process
 
 Configurations: float16 (what ``wire="float16"`` sends: the uncompressed reference), int8 (``wire="int8"``,
 the baseline of the ratios), int4 (``wire="int4"``), and a low-rank boundary (``LmConfig.wire_rank`` r,
-engine/moe/low_rank.py) at r = d/2, d/4, d/8 and d/16 with int8 and with int4. For each: the validation
+engine/moe/low_rank.py) at r = d/2, d/4, d/8, d/16 and d/32 with int8 and with int4. For each: the validation
 loss at the end, bytes on the wire per training token (summed payload sizes of every encoded tensor,
 all four directions, over the training steps), the ratio of int8's bytes to its bytes, and whether its
 loss is within 2% of float16's. ``compression_at_2pct`` is the largest ratio whose loss is.
@@ -158,7 +158,7 @@ def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def all_settings(d: int) -> list[Setting]:
     out = [Setting("float16"), Setting("int8"), Setting("int4")]
-    for rank in (d // 2, d // 4, d // 8, d // 16):
+    for rank in (d // 2, d // 4, d // 8, d // 16, d // 32):
         out += [Setting("int8", rank), Setting("int4", rank)]
     return out
 

@@ -1,7 +1,8 @@
 """What one SACK tells the SCTP sender: the acknowledgements, the samples, the losses and the recovery.
 
 Split from :mod:`.sctp_sender`, whose docstring says why each part behaves as it does; the registry
-installs it as ``RTCSctpTransport._receive_sack_chunk`` with the sender's other parts. In order: a stale or forged cumulative ack is dropped;
+installs it as ``RTCSctpTransport._receive_sack_chunk`` with the sender's other parts. In order: a
+stale or forged cumulative ack is dropped;
 the cumulative ack's chunks leave the flight (:mod:`.sctp_loops`, or its C twin); gap blocks are
 checked and their chunks marked acked; the newest delivered chunk gives the RTT and delivery-rate
 samples; losses are found by F-RTO after an RTO, RACK's time order and the duplicate threshold; the

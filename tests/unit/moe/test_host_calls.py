@@ -188,7 +188,7 @@ async def _many(server: ExpertServer, fields: dict[str, Any], tensors: list[torc
         ({"uids": ["ffn.0.0"], "aids": ["a"], "rows": [True]}, [3], "positive ints"),
         ({"uids": ["ffn.0.0"], "aids": ["a"], "rows": [2]}, [3], "sum of rows"),
         ({"uids": ["ffn.0.0"] * 1025, "aids": ["a"] * 1025, "rows": [1] * 1025}, [1025], "at most 1024"),
-        ({"uids": ["ffn.0.0"], "aids": ["a"], "rows": [3], "wire": "int4"}, [3], "unknown wire"),
+        ({"uids": ["ffn.0.0"], "aids": ["a"], "rows": [3], "wire": "int3"}, [3], "unknown wire"),
     ],
 )
 async def test_the_server_refuses_malformed_batches(

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from ..db.models import Host, Receipt, SpotCheckFlag
 from . import rules
 from .ledger import CreditPlan, apply_plan, day_of, decay, lock_hosts
+from .spot_checks import receipts_in_period
 
 _RECEIPTS: Table = Receipt.__table__  # type: ignore[assignment]
 _HOSTS: Table = Host.__table__  # type: ignore[assignment]
@@ -95,25 +96,11 @@ async def _restore(
     now: float,
     host_rows: list[Any],
 ) -> tuple[int, float]:
-    withheld = (
-        await session.execute(
-            select(
-                _RECEIPTS.c.receipt_id,
-                _RECEIPTS.c.served_at,
-                _RECEIPTS.c.earned,
-                _RECEIPTS.c.credited_at,
-                _HOSTS.c.account_id,
-            )
-            .join(_HOSTS, _HOSTS.c.peer_id == _RECEIPTS.c.trainer_peer_id, isouter=True)
-            .where(
-                _RECEIPTS.c.host_peer_id == host,
-                _RECEIPTS.c.served_at >= start,
-                _RECEIPTS.c.served_at <= end,
-                _RECEIPTS.c.withheld == True,  # noqa: E712
-                _RECEIPTS.c.earned.is_not(None),
-            )
-        )
-    ).all()
+    withheld = [
+        w
+        for w in await receipts_in_period(session, host, start, end, withheld=True)
+        if w.earned is not None
+    ]
     back = [
         w
         for w in withheld

@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Table, and_, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -191,6 +192,32 @@ async def _refuse_repeats(session: AsyncSession, report: SpotCheckReport, accoun
         )
 
 
+async def receipts_in_period(
+    session: AsyncSession, host: str, start: float, end: float, *, withheld: bool
+) -> list[Any]:
+    """The host's receipts served in [start, end] that are (or are not) withheld, each with the account
+    of the trainer that sent it (None where its key is bound to no account): what a report withholds
+    and what an operator's undo gives back are read alike."""
+    query = (
+        select(
+            _RECEIPTS.c.receipt_id,
+            _RECEIPTS.c.served_at,
+            _RECEIPTS.c.credit,
+            _RECEIPTS.c.earned,
+            _RECEIPTS.c.credited_at,
+            _HOSTS.c.account_id,
+        )
+        .join(_HOSTS, _HOSTS.c.peer_id == _RECEIPTS.c.trainer_peer_id, isouter=True)
+        .where(
+            _RECEIPTS.c.host_peer_id == host,
+            _RECEIPTS.c.served_at >= start,
+            _RECEIPTS.c.served_at <= end,
+            _RECEIPTS.c.withheld == withheld,
+        )
+    )
+    return list((await session.execute(query)).all())
+
+
 async def _withhold(
     session: AsyncSession,
     host: str,
@@ -202,24 +229,7 @@ async def _withhold(
 ) -> tuple[int, float]:
     """Withhold and take back the credit of the host's receipts in [start, end] that the active
     ``flags`` now withhold; returns how many, and how much credit."""
-    granted = (
-        await session.execute(
-            select(
-                _RECEIPTS.c.receipt_id,
-                _RECEIPTS.c.served_at,
-                _RECEIPTS.c.credit,
-                _RECEIPTS.c.credited_at,
-                _HOSTS.c.account_id,
-            )
-            .join(_HOSTS, _HOSTS.c.peer_id == _RECEIPTS.c.trainer_peer_id, isouter=True)
-            .where(
-                _RECEIPTS.c.host_peer_id == host,
-                _RECEIPTS.c.served_at >= start,
-                _RECEIPTS.c.served_at <= end,
-                _RECEIPTS.c.withheld == False,  # noqa: E712
-            )
-        )
-    ).all()
+    granted = await receipts_in_period(session, host, start, end, withheld=False)
     hit = [
         g
         for g in granted
